@@ -1,0 +1,337 @@
+"""Model catalogue: transformer architectures as the planner needs them.
+
+A `ModelArch` carries only what memory and time depend on: layer count,
+attention shape (GQA/MHA or MLA), FFN shape (dense or MoE), vocabulary and
+sliding-window layers. Parameter counts are computed from the dimensions by
+`param_count` (and checked against the published totals in tests), so a model
+given as a Hugging Face `config.json` (`from_hf_config`) is handled exactly
+like a catalogue entry.
+
+Conventions:
+- FFNs are gated (SwiGLU: gate, up, down = 3 matrices of hidden x intermediate),
+  which is true for every catalogue model.
+- MoE layers: `num_experts` routed experts of `moe_intermediate_size`, each
+  token goes to `experts_per_token` of them, plus `num_shared_experts` always-on
+  experts of the same size. The first `first_k_dense_layers` layers use a dense
+  FFN of `intermediate_size` instead (DeepSeek-V3: 3).
+- MLA (DeepSeek-V2/V3): queries through a `q_lora_rank` bottleneck, keys and
+  values from a `kv_lora_rank` latent plus a shared `qk_rope_head_dim` key;
+  the KV cache stores only latent + rope key per token and layer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    num_experts: int = 0
+    experts_per_token: int = 0
+    num_shared_experts: int = 0
+    moe_intermediate_size: int = 0
+    first_k_dense_layers: int = 0
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    sliding_window: int = 0              # tokens a sliding-window layer attends to
+    sliding_window_layers: int = 0       # how many layers use the sliding window
+    total_params: float = 0.0            # computed by param_count when 0
+    active_params: float = 0.0           # per token; computed when 0
+    source: str = ""
+    tie_word_embeddings: bool = False
+    native_dtype: str = "bf16"           # dtype of the published checkpoint's weights
+
+    def __post_init__(self) -> None:
+        if self.total_params <= 0 or self.active_params <= 0:
+            total, active = param_count(self)
+            if self.total_params <= 0:
+                object.__setattr__(self, "total_params", float(total))
+            if self.active_params <= 0:
+                object.__setattr__(self, "active_params", float(active))
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def moe_layers(self) -> int:
+        return self.num_layers - self.first_k_dense_layers if self.is_moe else 0
+
+    @property
+    def dense_layers(self) -> int:
+        return self.num_layers - self.moe_layers
+
+    # ---- parameter groups (per layer unless said otherwise) -------------------------
+    @property
+    def attn_params_per_layer(self) -> float:
+        h = self.hidden_size
+        if self.is_mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            heads = self.num_attention_heads
+            q = (h * self.q_lora_rank + self.q_lora_rank * heads * qk) if self.q_lora_rank else h * heads * qk
+            kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)
+            kv_b = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+            o = heads * self.v_head_dim * h
+            return float(q + kv_a + kv_b + o)
+        q = h * self.num_attention_heads * self.head_dim
+        kv = 2 * h * self.num_kv_heads * self.head_dim
+        o = self.num_attention_heads * self.head_dim * h
+        return float(q + kv + o)
+
+    @property
+    def dense_ffn_params_per_layer(self) -> float:
+        return 3.0 * self.hidden_size * self.intermediate_size
+
+    @property
+    def expert_params(self) -> float:
+        """One routed expert of one layer."""
+        return 3.0 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def shared_expert_params_per_layer(self) -> float:
+        return self.num_shared_experts * self.expert_params
+
+    @property
+    def embedding_params(self) -> float:
+        return float(self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2))
+
+    def kv_elements_per_token(self) -> float:
+        """KV-cache elements per token over all layers, unsplit (TP=1)."""
+        if self.is_mla:
+            return float(self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim))
+        return float(2 * self.num_layers * self.num_kv_heads * self.head_dim)
+
+
+def param_count(arch: ModelArch) -> tuple[float, float]:
+    """(total, active-per-token) parameters computed from the dimensions.
+
+    Norms and biases are ignored (< 0.1%); embeddings and the LM head count in
+    both totals (the LM head is a GEMM every token).
+    """
+    attn = arch.attn_params_per_layer * arch.num_layers
+    dense = arch.dense_ffn_params_per_layer * arch.dense_layers
+    if arch.is_moe:
+        router = arch.hidden_size * arch.num_experts * arch.moe_layers
+        experts_total = arch.expert_params * arch.num_experts * arch.moe_layers
+        experts_active = arch.expert_params * arch.experts_per_token * arch.moe_layers
+        shared = arch.shared_expert_params_per_layer * arch.moe_layers
+    else:
+        router = experts_total = experts_active = shared = 0.0
+    emb = arch.embedding_params
+    total = attn + dense + router + experts_total + shared + emb
+    active = attn + dense + router + experts_active + shared + emb
+    return total, active
+
+
+def _hf(repo: str) -> str:
+    return f"https://huggingface.co/{repo}/blob/main/config.json"
+
+
+def _m(**kw) -> ModelArch:
+    return ModelArch(**kw)
+
+
+_CATALOG: tuple[ModelArch, ...] = (
+    _m(name="llama-3.1-8b", num_layers=32, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+       head_dim=128, intermediate_size=14336, vocab_size=128256, source=_hf("meta-llama/Llama-3.1-8B")),
+    _m(name="llama-3.1-70b", num_layers=80, hidden_size=8192, num_attention_heads=64, num_kv_heads=8,
+       head_dim=128, intermediate_size=28672, vocab_size=128256, source=_hf("meta-llama/Llama-3.1-70B")),
+    _m(name="llama-3.1-405b", num_layers=126, hidden_size=16384, num_attention_heads=128, num_kv_heads=8,
+       head_dim=128, intermediate_size=53248, vocab_size=128256, source=_hf("meta-llama/Llama-3.1-405B")),
+    _m(name="mixtral-8x7b", num_layers=32, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+       head_dim=128, intermediate_size=14336, vocab_size=32000, num_experts=8, experts_per_token=2,
+       moe_intermediate_size=14336, source=_hf("mistralai/Mixtral-8x7B-v0.1")),
+    _m(name="mixtral-8x22b", num_layers=56, hidden_size=6144, num_attention_heads=48, num_kv_heads=8,
+       head_dim=128, intermediate_size=16384, vocab_size=32768, num_experts=8, experts_per_token=2,
+       moe_intermediate_size=16384, source=_hf("mistralai/Mixtral-8x22B-v0.1")),
+    _m(name="qwen3-32b", num_layers=64, hidden_size=5120, num_attention_heads=64, num_kv_heads=8,
+       head_dim=128, intermediate_size=25600, vocab_size=151936, source=_hf("Qwen/Qwen3-32B")),
+    _m(name="qwen3-235b-a22b", num_layers=94, hidden_size=4096, num_attention_heads=64, num_kv_heads=4,
+       head_dim=128, intermediate_size=12288, vocab_size=151936, num_experts=128, experts_per_token=8,
+       moe_intermediate_size=1536, source=_hf("Qwen/Qwen3-235B-A22B")),
+    _m(name="deepseek-v3", num_layers=61, hidden_size=7168, num_attention_heads=128, num_kv_heads=128,
+       head_dim=128, intermediate_size=18432, vocab_size=129280, num_experts=256, experts_per_token=8,
+       num_shared_experts=1, moe_intermediate_size=2048, first_k_dense_layers=3, kv_lora_rank=512,
+       q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, native_dtype="fp8",
+       source=_hf("deepseek-ai/DeepSeek-V3")),
+    _m(name="deepseek-r1", num_layers=61, hidden_size=7168, num_attention_heads=128, num_kv_heads=128,
+       head_dim=128, intermediate_size=18432, vocab_size=129280, num_experts=256, experts_per_token=8,
+       num_shared_experts=1, moe_intermediate_size=2048, first_k_dense_layers=3, kv_lora_rank=512,
+       q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, native_dtype="fp8",
+       source=_hf("deepseek-ai/DeepSeek-R1")),
+    _m(name="gpt-oss-120b", num_layers=36, hidden_size=2880, num_attention_heads=64, num_kv_heads=8,
+       head_dim=64, intermediate_size=2880, vocab_size=201088, num_experts=128, experts_per_token=4,
+       moe_intermediate_size=2880, sliding_window=128, sliding_window_layers=18, native_dtype="fp4",
+       source=_hf("openai/gpt-oss-120b")),
+    # GPT-MoE-1.8T: the model of NVIDIA's "Demystifying AI Inference Deployments for
+    # Trillion Parameter LLMs" blog (2024) and the seeds: 1.8T parameters, 16 experts,
+    # top-2. OpenAI never published it; the dimensions follow SemiAnalysis' published
+    # estimate ("GPT-4 Architecture, Infrastructure, ...", 2023: ~1.8T total, 120
+    # layers, 16 experts of ~111B, 2 routed per token, ~55B shared attention) with
+    # a 12,288 hidden size, GQA with 8 KV heads and a 100k vocabulary chosen by us.
+    # param_count gives 1.78T total, ~0.26T active.
+    _m(name="gpt-moe-1.8t", num_layers=120, hidden_size=12288, num_attention_heads=96, num_kv_heads=8,
+       head_dim=128, intermediate_size=24576, vocab_size=100277, num_experts=16, experts_per_token=2,
+       moe_intermediate_size=24576,
+       source="NVIDIA blog 'Demystifying AI Inference Deployments for Trillion Parameter LLMs' (2024): "
+              "1.8T, 16 experts, top-2; dims from SemiAnalysis 'GPT-4 Architecture' estimate (2023)"),
+)
+
+MODELS: dict[str, ModelArch] = {m.name: m for m in _CATALOG}
+
+# Hugging Face ids (lower-case) -> catalogue name
+_HF_IDS: dict[str, str] = {
+    "meta-llama/llama-3.1-8b": "llama-3.1-8b",
+    "meta-llama/llama-3.1-8b-instruct": "llama-3.1-8b",
+    "meta-llama/meta-llama-3.1-8b": "llama-3.1-8b",
+    "meta-llama/llama-3.1-70b": "llama-3.1-70b",
+    "meta-llama/llama-3.1-70b-instruct": "llama-3.1-70b",
+    "meta-llama/llama-3.1-405b": "llama-3.1-405b",
+    "meta-llama/llama-3.1-405b-instruct": "llama-3.1-405b",
+    "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b",
+    "mistralai/mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
+    "mistralai/mixtral-8x22b-v0.1": "mixtral-8x22b",
+    "mistralai/mixtral-8x22b-instruct-v0.1": "mixtral-8x22b",
+    "qwen/qwen3-32b": "qwen3-32b",
+    "qwen/qwen3-235b-a22b": "qwen3-235b-a22b",
+    "deepseek-ai/deepseek-v3": "deepseek-v3",
+    "deepseek-ai/deepseek-v3-0324": "deepseek-v3",
+    "deepseek-ai/deepseek-r1": "deepseek-r1",
+    "deepseek-ai/deepseek-r1-0528": "deepseek-r1",
+    "openai/gpt-oss-120b": "gpt-oss-120b",
+}
+
+
+def get_model(name: str) -> ModelArch:
+    """Catalogue entry by name ("llama-3.1-70b") or Hugging Face id, case-insensitive."""
+    key = str(name).strip().lower()
+    if key in MODELS:
+        return MODELS[key]
+    if key in _HF_IDS:
+        return MODELS[_HF_IDS[key]]
+    tail = key.rsplit("/", 1)[-1]
+    if tail in MODELS:
+        return MODELS[tail]
+    raise KeyError(
+        f"unknown model {name!r}; known: {', '.join(sorted(MODELS))} (or a Hugging Face id of one of "
+        f"them, or give the model's config.json)"
+    )
+
+
+def _first(cfg: dict, *keys, default=None):
+    for k in keys:
+        v = cfg.get(k)
+        if v is not None:
+            return v
+    return default
+
+
+def _quant_dtype(cfg: dict) -> str:
+    q = cfg.get("quantization_config") or {}
+    method = str(q.get("quant_method", "")).lower()
+    algo = str(q.get("quant_algo", "") or (q.get("quantization") or {}).get("quant_algo", "")).lower()
+    if "mxfp4" in method or "nvfp4" in algo or "fp4" in method:
+        return "fp4"
+    if method in ("fp8", "compressed-tensors") or "fp8" in algo:
+        return "fp8"
+    if method in ("awq", "gptq") or "int4" in algo or "w4a16" in algo:
+        return "int4"
+    return "bf16"
+
+
+def from_hf_config(cfg: dict, name: str, source: str = "") -> ModelArch:
+    """Build a `ModelArch` from a Hugging Face `config.json` dict.
+
+    Handles dense GQA/MHA (Llama, Qwen, Mistral), MoE (Mixtral `num_local_experts`,
+    Qwen-MoE `num_experts` + `moe_intermediate_size`, gpt-oss, DeepSeek
+    `n_routed_experts`/`n_shared_experts`/`first_k_dense_replace`), MLA
+    (`kv_lora_rank`, ...) and sliding-window layers (`layer_types`, `sliding_window`).
+    Multimodal configs are read from their `text_config`.
+    """
+    if isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg, **cfg["text_config"]}
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        vocab = int(cfg["vocab_size"])
+    except KeyError as exc:
+        raise ValueError(f"config for {name!r} lacks {exc.args[0]!r}; is it a transformer config.json?") from exc
+    kv_heads = int(_first(cfg, "num_key_value_heads", default=heads))
+    head_dim = int(_first(cfg, "head_dim", default=hidden // heads))
+    inter = int(_first(cfg, "intermediate_size", "ffn_dim", default=4 * hidden))
+    n_exp = int(_first(cfg, "n_routed_experts", "num_local_experts", "num_experts", default=0) or 0)
+    topk = int(_first(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk", default=0) or 0)
+    moe_inter = int(_first(cfg, "moe_intermediate_size", default=inter if n_exp else 0) or 0)
+    shared = int(_first(cfg, "n_shared_experts", "num_shared_experts", default=0) or 0)
+    if not shared and cfg.get("shared_expert_intermediate_size") and moe_inter:
+        shared = max(1, round(int(cfg["shared_expert_intermediate_size"]) / moe_inter))
+    first_dense = int(_first(cfg, "first_k_dense_replace", default=0) or 0)
+    if n_exp and not first_dense and cfg.get("mlp_only_layers"):
+        first_dense = len(cfg["mlp_only_layers"])
+    kv_lora = int(cfg.get("kv_lora_rank") or 0)
+    sw = 0
+    sw_layers = 0
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list) and layer_types:
+        sw_layers = sum(1 for t in layer_types if "sliding" in str(t))
+        sw = int(cfg.get("sliding_window") or 0) if sw_layers else 0
+    elif cfg.get("sliding_window") and cfg.get("use_sliding_window", True):
+        sw = int(cfg["sliding_window"])
+        max_window = cfg.get("max_window_layers")
+        sw_layers = layers if max_window is None else max(0, layers - int(max_window))
+        if sw_layers == 0:
+            sw = 0
+    if n_exp and topk == 0:
+        raise ValueError(f"config for {name!r} has {n_exp} experts but no num_experts_per_tok")
+    return ModelArch(
+        name=name,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        num_experts=n_exp,
+        experts_per_token=topk if n_exp else 0,
+        num_shared_experts=shared if n_exp else 0,
+        moe_intermediate_size=moe_inter if n_exp else 0,
+        first_k_dense_layers=first_dense if n_exp else 0,
+        kv_lora_rank=kv_lora,
+        q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+        qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
+        qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0),
+        v_head_dim=int(cfg.get("v_head_dim") or 0),
+        sliding_window=sw,
+        sliding_window_layers=sw_layers,
+        source=source or f"config.json for {name}",
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        native_dtype=_quant_dtype(cfg),
+    )
+
+
+def load_hf_config(path: str | Path, name: str | None = None) -> ModelArch:
+    """Read a config.json file into a `ModelArch` (name defaults to the file stem)."""
+    p = Path(path)
+    return from_hf_config(json.loads(p.read_text()), name or p.stem, source=str(p))
+
+
+__all__ = ["ModelArch", "MODELS", "get_model", "from_hf_config", "load_hf_config", "param_count"]
