@@ -1,0 +1,55 @@
+"""Session fixture: one real local control plane for the whole e2e suite.
+
+Starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and
+Prometheus (see meshplan.devcluster) with every built-in fleet, once per pytest
+session, in a private state directory, and stops it at the end. Set
+MESHPLAN_E2E_REUSE=1 to reuse a cluster already started with
+`meshplan dev-cluster up --fleet all` (faster iteration while developing).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from meshplan.devcluster import Cluster
+from meshplan.devcluster.fleets import fleet_names
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(REPO / "e2e"):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    if os.environ.get("MESHPLAN_E2E_REUSE"):
+        c = Cluster()
+        if not c.running():
+            pytest.fail("MESHPLAN_E2E_REUSE is set but no dev cluster runs: meshplan dev-cluster up --fleet all")
+        yield c
+        return
+    state = Path(tempfile.mkdtemp(prefix="meshplan-e2e-"))
+    c = Cluster(state_dir=state, log=lambda m: print(f"[e2e] {m}"))
+    c.up(fleet_names(), prometheus=True, timeout=240)
+    try:
+        yield c
+    finally:
+        c.down(quiet=True)
+
+
+@pytest.fixture
+def namespace(cluster, request):
+    """A fresh namespace per test, deleted afterwards (without waiting)."""
+    name = "t-" + request.node.name.lower().replace("_", "-").replace("[", "-").replace("]", "")[:50].strip("-")
+    import hashlib
+    name = f"{name[:52]}-{hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -1,0 +1,1 @@
+"""Subcommands of the `meshplan` CLI; each module exposes `register(subparsers)`."""

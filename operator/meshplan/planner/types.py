@@ -1,0 +1,147 @@
+"""Value types shared by the planner, placement, rendering and autoscaling.
+
+A `Layout` uses the notation of NVIDIA's trillion-parameter inference blog
+("Demystifying AI Inference Deployments for Trillion Parameter LLMs", 2024):
+TP x EP x PP GPUs make one model replica, DP replicas serve independently.
+
+- `tp`: tensor-parallel degree of attention and of each expert / dense FFN.
+- `ep`: expert-parallel degree. Experts are spread over `ep` groups of `tp`
+  GPUs; attention runs data-parallel across those `ep` groups (this is what
+  TensorRT-LLM calls attention-DP and vLLM/SGLang reach with DP attention).
+  For a dense model `ep` is 1.
+- `pp`: pipeline stages; layers are split evenly across stages.
+- `dp`: independent replicas, each `tp * ep * pp` GPUs.
+
+No engine spells a layout this way: `meshplan.planner.engines` holds the one
+tested mapping per engine (vLLM, SGLang, TensorRT-LLM).
+
+Everything here is frozen and hashable so plans can be cached and compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Dtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "fp4"]
+Engine = Literal["vllm", "sglang", "trtllm"]
+Objective = Literal["maxThroughput", "bestInteractivity", "balanced", "minCostWithinSLO"]
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    tp: int = 1
+    ep: int = 1
+    pp: int = 1
+    dp: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "ep", "pp", "dp"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"layout.{name} must be a positive integer, got {v!r}")
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.ep * self.pp
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_replica * self.dp
+
+    @property
+    def gpus_per_stage(self) -> int:
+        """GPUs that must share one NVLink domain (one pipeline stage's TP x EP group)."""
+        return self.tp * self.ep
+
+    def label(self, with_dp: bool = False) -> str:
+        """Blog-style name, e.g. `TP4·EP4·PP4` (parts equal to 1 omitted, TP1 if all are 1)."""
+        parts = [f"{k.upper()}{v}" for k, v in (("tp", self.tp), ("ep", self.ep), ("pp", self.pp)) if v > 1]
+        if with_dp and self.dp > 1:
+            parts.append(f"DP{self.dp}")
+        return "·".join(parts) or "TP1"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one replica set is asked to serve (per deployment, not per replica)."""
+
+    isl: int = 1024                      # input tokens per request
+    osl: int = 256                       # output tokens per request
+    concurrency: int | None = None       # requests in flight (closed loop), or
+    request_rate: float | None = None    # requests/s arriving (open loop)
+    max_context: int | None = None       # longest context to support; default isl + osl
+
+    @property
+    def context(self) -> int:
+        return self.max_context or (self.isl + self.osl)
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_ms: float | None = None
+    itl_ms: float | None = None           # inter-token latency (TPOT)
+    percentile: int = 99
+    min_tokens_per_s_per_user: float | None = None
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """Per-GPU memory budget of one layout (bytes)."""
+
+    fits: bool
+    weights_bytes: float
+    kv_bytes_per_token: float            # per GPU, per token of context
+    activation_bytes: float
+    runtime_bytes: float
+    usable_bytes: float                  # memory the engine may use after headroom
+    kv_capacity_tokens: int              # tokens of KV cache one replica can hold
+    max_concurrency: int                 # sequences of `context` tokens that fit
+    reason: str = ""                     # why it does not fit (empty when it fits)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    ttft_ms: float
+    tpot_ms: float                        # = inter-token latency
+    tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    concurrency: int                      # per replica, as modelled
+    prefill_ms: float = 0.0               # no-queue prefill time (lower bound of TTFT)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One evaluated point of the search: a layout with its knobs and predictions."""
+
+    layout: Layout
+    weight_dtype: Dtype
+    kv_dtype: Dtype
+    chunk_size: int                       # max tokens per engine step (chunked prefill)
+    max_num_seqs: int                     # batch limit per replica
+    memory: MemoryFit
+    prediction: Prediction
+    engine: Engine = "vllm"
+
+
+@dataclass(frozen=True)
+class Rejected:
+    layout: Layout
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The planner's answer: the choice, why, the frontier and the alternatives."""
+
+    choice: Candidate | None
+    objective: Objective
+    reason: str
+    frontier: tuple[Candidate, ...] = ()
+    alternatives: tuple[Candidate, ...] = ()
+    rejected: tuple[Rejected, ...] = ()
+    evaluated: int = 0
+    gpu: str = ""
+    model: str = ""
+    extra: dict = field(default_factory=dict, compare=False, hash=False)

@@ -1,0 +1,27 @@
+"""The package layout must never shadow the standard library."""
+
+import importlib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_stdlib_operator_module_still_imports():
+    import operator
+
+    # the real stdlib module has itemgetter and lives outside the repo
+    assert operator.itemgetter(1)([0, 42]) == 42
+    assert REPO not in Path(operator.__file__).resolve().parents
+
+
+def test_no_operator_init_file():
+    assert not (REPO / "operator" / "__init__.py").exists()
+
+
+def test_meshplan_imports_and_cli_help(capsys):
+    meshplan = importlib.import_module("meshplan")
+    assert meshplan.__version__
+    from meshplan.cli import main
+
+    assert main([]) == 2  # no command: prints help, exit code 2
+    assert "dev-cluster" in capsys.readouterr().out
