@@ -1,0 +1,1105 @@
+"""The LLMDeployment API (`meshplan.dev/v1alpha1`) as pydantic v2 models.
+
+These models are the single source of truth of the API:
+
+- the CRD's OpenAPI v3 schema is generated from them (`meshplan.api.crd`), so
+  every field's description here is what `kubectl explain llmd.spec...` prints;
+- the operator and the CLI parse manifests with them (`LLMDeployment.from_manifest`);
+- cross-field rules are declared once per model as `Rule`s: each carries the CEL
+  expression the API server evaluates (`x-kubernetes-validations`) and the same
+  check written in Python, so `meshplan plan manifest.yaml` rejects exactly what
+  `kubectl apply` rejects, with the same message. Transition rules (`oldSelf`,
+  immutable fields) only exist on the server side.
+
+What CEL cannot check (a catalogue model name exists, pinned sizes divide the
+catalogue model's heads/experts, GPU product names are known) lives in
+`validate_semantics`, which the operator runs before planning and reports as a
+`Planned=False` condition.
+
+Conventions: YAML keys are camelCase (`alias_generator`), Python attributes are
+snake_case (`populate_by_name`). Optional fields default to `None` and are left
+out of manifests and of the CRD's `required`; every string, list and map has a
+size bound so the API server's CEL cost estimator accepts the rules.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any, Callable, ClassVar, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+GROUP = "meshplan.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "LLMDeployment"
+PLURAL = "llmdeployments"
+SINGULAR = "llmdeployment"
+SHORT_NAMES = ("llmd",)
+
+Dtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "fp4"]
+DtypeOrAuto = Literal["auto", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
+EngineKind = Literal["vllm", "sglang", "trtllm"]
+Objective = Literal["maxThroughput", "bestInteractivity", "balanced", "minCostWithinSLO"]
+AutoOnOff = Literal["auto", "on", "off"]
+Percentile = Literal[50, 90, 95, 99]
+Transport = Literal["auto", "nvlink", "infiniband", "roce", "efa", "tcp"]
+ConditionType = Literal["Planned", "Placed", "Available", "Progressing", "Degraded", "ScalingLimited"]
+
+# Bits per weight/KV element of each dtype: the order `precision.accuracyFloor` uses.
+DTYPE_BITS: dict[str, int] = {"bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "fp4": 4}
+
+# Engine flags whose value the plan decides. extraArgs may not set them unless
+# engine.allowPlanOverride is true. Sources: vLLM engine arguments
+# (docs.vllm.ai/en/latest/configuration/engine_args: --tensor-parallel-size/-tp,
+# --pipeline-parallel-size/-pp, --data-parallel-size/-dp, --enable-expert-parallel/-ep,
+# --max-num-seqs, --max-num-batched-tokens, --kv-cache-dtype); SGLang server
+# arguments (docs.sglang.io/advanced_features/server_arguments: --tp-size/--tp,
+# --dp-size/--dp, --ep-size/--ep, --pp-size, --enable-dp-attention,
+# --chunked-prefill-size, --max-running-requests); trtllm-serve
+# (nvidia.github.io/TensorRT-LLM/commands/trtllm-serve: --tp_size, --pp_size,
+# --ep_size, --max_batch_size, --max_num_tokens). Both engines accept `_` for `-`.
+PLAN_OWNED_FLAGS: tuple[str, ...] = (
+    "tensor-parallel-size", "tp-size", "tp",
+    "pipeline-parallel-size", "pp-size", "pp",
+    "data-parallel-size", "dp-size", "dp",
+    "expert-parallel-size", "ep-size", "ep", "moe-ep-size", "enable-expert-parallel",
+    "enable-dp-attention",
+    "max-num-seqs", "max-num-batched-tokens", "max-running-requests", "chunked-prefill-size",
+    "max-batch-size", "max-num-tokens",
+    "kv-cache-dtype",
+)
+PLAN_OWNED_SHORT_FLAGS: tuple[str, ...] = ("tp", "pp", "dp", "ep")  # vLLM single-dash aliases
+
+
+def _flag_regex() -> str:
+    longs = "|".join(f.replace("-", "[-_]") for f in PLAN_OWNED_FLAGS)
+    shorts = "|".join(PLAN_OWNED_SHORT_FLAGS)
+    return f"^(--({longs})|-({shorts}))(=.*)?$"
+
+
+PLAN_OWNED_FLAG_RE = _flag_regex()
+
+# Environment variable names that carry secrets: they must come from a Secret
+# (valueFrom.secretKeyRef), never an inline value.
+SECRET_ENV_RE = r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)(_|$)"
+# Inline credentials in a weights URI: user:password@host, or a token-ish query parameter.
+URI_USERINFO_RE = r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*@"
+URI_TOKEN_QUERY_RE = (
+    r"(?i)[?&;](token|access_token|auth|authorization|api_key|apikey|key|password|secret|"
+    r"sig|signature|x-amz-signature|x-amz-credential|x-goog-signature|x-goog-credential|sv|se)="
+)
+URI_SCHEMES = ("hf", "s3", "gs", "az", "oci", "pvc", "https", "http", "file")
+URI_SCHEME_RE = r"^(" + "|".join(URI_SCHEMES) + r")://[^\s]+$"
+
+DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+PROM_METRIC_RE = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One cross-field rule: the CEL the API server runs and its Python twin.
+
+    `field_path` is relative to the object the rule sits on (e.g. `.maxReplicas`)
+    and becomes the path in the API server's error. `check` is None for
+    transition rules (they use `oldSelf`, which only the server has).
+    """
+
+    cel: str
+    message: str
+    field_path: str | None = None
+    check: Callable[[Any], bool] | None = None
+    reason: str | None = None  # FieldValueInvalid (default) | FieldValueForbidden | FieldValueRequired
+
+    def to_crd(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rule": self.cel, "message": self.message}
+        if self.field_path:
+            out["fieldPath"] = self.field_path
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+
+def _add_rules(schema: dict[str, Any], cls: type) -> None:
+    rules = cls.__dict__.get("RULES", ())
+    if rules:
+        schema["x-kubernetes-validations"] = [r.to_crd() for r in rules]
+
+
+class ApiModel(BaseModel):
+    """Base of every API object: camelCase aliases, unknown keys rejected, rules enforced."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+        json_schema_extra=_add_rules,
+    )
+
+    RULES: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self):
+        for rule in type(self).__dict__.get("RULES", ()):
+            if rule.check is not None and not rule.check(self):
+                raise ValueError(rule.message)
+        return self
+
+    def to_manifest(self) -> dict[str, Any]:
+        """camelCase dict for YAML/JSON, leaving out fields that are unset (None)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def _auto_or_int(what: str, maximum: int, minimum: int = 1):
+    """`auto` or a pinned integer: an int-or-string in the CRD, checked by CEL."""
+    return Annotated[
+        Union[Literal["auto"], Annotated[StrictInt, Field(ge=minimum, le=maximum)]],
+        WithJsonSchema(
+            {
+                "x-kubernetes-int-or-string": True,
+                "x-kubernetes-validations": [
+                    {
+                        "rule": f"type(self) == string ? self == 'auto' : (self >= {minimum} && self <= {maximum})",
+                        "message": f"{what} must be 'auto' or an integer from {minimum} to {maximum}",
+                    }
+                ],
+            }
+        ),
+    ]
+
+
+def _str(description: str, max_length: int, pattern: str | None = None, **kw) -> Any:
+    return Field(description=description, max_length=max_length, pattern=pattern, **kw)
+
+
+def pinned(value: int | str | None) -> int | None:
+    """The pinned integer of an `auto`-or-int field, or None when it is `auto`."""
+    return value if isinstance(value, int) else None
+
+
+# --------------------------------------------------------------------------- model
+
+
+class SecretKeyRef(ApiModel):
+    """A key in a Secret in the LLMDeployment's namespace."""
+
+    name: str = _str("Name of the Secret (same namespace as the LLMDeployment).", 253, DNS_SUBDOMAIN_RE)
+    key: str = _str("Key inside the Secret whose value is the credential.", 253, r"^[-._a-zA-Z0-9]+$")
+
+
+class Architecture(ApiModel):
+    """Explicit model dimensions, for a model that is not in meshplan's catalogue.
+
+    Names follow the Hugging Face `config.json` fields (noted per field) so a
+    user can copy them from the model card.
+    """
+
+    layers: int = Field(ge=1, le=1024, description="Number of transformer layers (config.json `num_hidden_layers`).")
+    hidden_size: int = Field(ge=1, le=262144, description="Model (residual stream) width (config.json `hidden_size`).")
+    attention_heads: int = Field(ge=1, le=1024, description="Query heads per layer (config.json `num_attention_heads`).")
+    kv_heads: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="Key/value heads per layer for grouped-query attention (config.json `num_key_value_heads`); "
+        "omit for multi-head attention (= attentionHeads). Ignored for MLA models.",
+    )
+    head_dim: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="Dimension of one attention head (config.json `head_dim`); default hiddenSize / attentionHeads.",
+    )
+    kv_lora_rank: int | None = Field(
+        default=None, ge=1, le=65536,
+        description="Multi-head latent attention (MLA, DeepSeek-V2/V3): rank of the compressed KV latent that is cached "
+        "(config.json `kv_lora_rank`). Setting it makes the model MLA.",
+    )
+    q_lora_rank: int | None = Field(
+        default=None, ge=1, le=65536, description="MLA: rank of the compressed query (config.json `q_lora_rank`)."
+    )
+    qk_rope_head_dim: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="MLA: per-head dimension of the rotary part of query/key, cached beside the latent "
+        "(config.json `qk_rope_head_dim`).",
+    )
+    qk_nope_head_dim: int | None = Field(
+        default=None, ge=1, le=4096, description="MLA: per-head dimension of the non-rotary part of query/key (config.json `qk_nope_head_dim`)."
+    )
+    v_head_dim: int | None = Field(
+        default=None, ge=1, le=4096, description="MLA: per-head dimension of values (config.json `v_head_dim`)."
+    )
+    intermediate_size: int | None = Field(
+        default=None, ge=1, le=1048576,
+        description="FFN inner width of dense layers (config.json `intermediate_size`). Required for dense models.",
+    )
+    experts: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="Routed experts per MoE layer (config.json `num_local_experts` / `n_routed_experts`); omit for a dense model.",
+    )
+    experts_per_token: int | None = Field(
+        default=None, ge=1, le=256,
+        description="Routed experts each token activates (config.json `num_experts_per_tok`). Required with experts.",
+    )
+    shared_experts: int | None = Field(
+        default=None, ge=0, le=64, description="Always-active shared experts per MoE layer (config.json `n_shared_experts`)."
+    )
+    moe_intermediate_size: int | None = Field(
+        default=None, ge=1, le=1048576,
+        description="FFN inner width of one expert (config.json `moe_intermediate_size`); default intermediateSize.",
+    )
+    dense_layers: int | None = Field(
+        default=None, ge=0, le=1024,
+        description="Leading layers that are dense in an otherwise MoE model (config.json `first_k_dense_replace`).",
+    )
+    vocab_size: int = Field(ge=1, le=4194304, description="Vocabulary size (config.json `vocab_size`).")
+    max_context_tokens: int | None = Field(
+        default=None, ge=1, le=16777216,
+        description="Longest context the model supports (config.json `max_position_embeddings`).",
+    )
+    total_params: int | None = Field(
+        default=None, ge=1, le=100_000_000_000_000,
+        description="Total parameter count, all experts included. When given, the planner checks its own count "
+        "against it and sizes weights from it.",
+    )
+
+    RULES = (
+        Rule(
+            "!has(self.experts) || has(self.expertsPerToken)",
+            "spec.model.architecture.expertsPerToken is required when experts is set",
+            ".expertsPerToken",
+            lambda a: a.experts is None or a.experts_per_token is not None,
+            "FieldValueRequired",
+        ),
+        Rule(
+            "!has(self.expertsPerToken) || (has(self.experts) && self.expertsPerToken <= self.experts)",
+            "spec.model.architecture.expertsPerToken must not exceed experts (and needs experts)",
+            ".expertsPerToken",
+            lambda a: a.experts_per_token is None or (a.experts is not None and a.experts_per_token <= a.experts),
+        ),
+        Rule(
+            "!has(self.kvHeads) || (self.kvHeads <= self.attentionHeads && self.attentionHeads % self.kvHeads == 0)",
+            "spec.model.architecture.kvHeads must divide attentionHeads",
+            ".kvHeads",
+            lambda a: a.kv_heads is None or (a.kv_heads <= a.attention_heads and a.attention_heads % a.kv_heads == 0),
+        ),
+        Rule(
+            "!has(self.kvLoraRank) || has(self.qkRopeHeadDim)",
+            "spec.model.architecture.qkRopeHeadDim is required for MLA models (kvLoraRank set)",
+            ".qkRopeHeadDim",
+            lambda a: a.kv_lora_rank is None or a.qk_rope_head_dim is not None,
+            "FieldValueRequired",
+        ),
+        Rule(
+            "has(self.experts) || has(self.intermediateSize)",
+            "spec.model.architecture.intermediateSize is required for a dense model (no experts)",
+            ".intermediateSize",
+            lambda a: a.experts is not None or a.intermediate_size is not None,
+            "FieldValueRequired",
+        ),
+        Rule(
+            "!has(self.denseLayers) || self.denseLayers < self.layers",
+            "spec.model.architecture.denseLayers must be smaller than layers",
+            ".denseLayers",
+            lambda a: a.dense_layers is None or a.dense_layers < a.layers,
+        ),
+    )
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts is not None
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+
+class Weights(ApiModel):
+    """Where the weights come from. Credentials only ever come from a Secret."""
+
+    uri: str | None = _str(
+        "Weights location: hf://org/name[@revision], s3://bucket/path, gs://, az://, oci://, pvc://claim/path, "
+        "https:// or file://. Default: the catalogue entry's Hugging Face repository. Must not contain "
+        "credentials (no user:password@, no token or signature query parameters): use credentialsSecretRef.",
+        2048, URI_SCHEME_RE, default=None,
+    )
+    credentials_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the credential for the weights store (for hf:// a Hugging Face token, "
+        "passed to the engine as HF_TOKEN).",
+    )
+
+    RULES = (
+        Rule(
+            f"!has(self.uri) || !self.uri.matches('{URI_USERINFO_RE}')",
+            "spec.model.weights.uri must not contain user:password@ credentials; put them in a Secret and set "
+            "spec.model.weights.credentialsSecretRef",
+            ".uri",
+            lambda w: w.uri is None or not re.search(URI_USERINFO_RE, w.uri),
+            "FieldValueForbidden",
+        ),
+        Rule(
+            f"!has(self.uri) || !self.uri.matches('{URI_TOKEN_QUERY_RE}')",
+            "spec.model.weights.uri must not carry a token or signature query parameter; put the credential in a "
+            "Secret and set spec.model.weights.credentialsSecretRef",
+            ".uri",
+            lambda w: w.uri is None or not re.search(URI_TOKEN_QUERY_RE, w.uri),
+            "FieldValueForbidden",
+        ),
+    )
+
+
+class ModelSpec(ApiModel):
+    """Which model to serve: a catalogue name, or a name plus explicit architecture."""
+
+    name: str = _str(
+        "Model name. Without `architecture` it must be a meshplan catalogue entry (e.g. llama-3.1-8b, "
+        "llama-3.1-70b, mixtral-8x7b, deepseek-r1; `meshplan plan --list-models` lists them). With "
+        "`architecture` it is a free label for this model.",
+        128, r"^[a-zA-Z0-9][a-zA-Z0-9._-]*$",
+    )
+    architecture: Architecture | None = Field(
+        default=None, description="Explicit dimensions for a model the catalogue does not know (e.g. GPT-MoE-1.8T)."
+    )
+    weights: Weights | None = Field(default=None, description="Weights source and its credentials Secret.")
+    served_name: str | None = _str(
+        "Model name clients send in OpenAI API requests (`model` field). Default: the weights repository name. "
+        "Immutable once set: clients depend on it; deploy a new LLMDeployment to rename.",
+        256, r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$", default=None,
+    )
+
+    RULES = (
+        Rule(
+            "!has(oldSelf.servedName) || (has(self.servedName) && self.servedName == oldSelf.servedName)",
+            "spec.model.servedName is immutable once set: clients address the model by it; create a new "
+            "LLMDeployment to serve under another name",
+            ".servedName",
+            None,
+            "FieldValueForbidden",
+        ),
+    )
+
+
+# ----------------------------------------------------------------------- precision
+
+
+class Precision(ApiModel):
+    """Numeric formats of weights and KV cache."""
+
+    weights: DtypeOrAuto = Field(
+        default="auto",
+        description="Weight dtype: auto (the planner picks the fastest dtype the GPU supports at or above "
+        "accuracyFloor, preferring the checkpoint's own) or pinned bf16|fp16|fp8|int8|int4|fp4.",
+    )
+    kv_cache: DtypeOrAuto = Field(
+        default="auto",
+        description="KV-cache dtype: auto (the planner picks, not below accuracyFloor) or pinned bf16|fp16|fp8|int8|int4|fp4.",
+    )
+    accuracy_floor: Dtype = Field(
+        default="fp8",
+        description="Lowest precision `auto` may choose, by bits per value (bf16/fp16 16, fp8/int8 8, int4/fp4 4). "
+        "Pinned dtypes are used as given.",
+    )
+
+    def allowed_auto_dtypes(self) -> tuple[str, ...]:
+        floor = DTYPE_BITS[self.accuracy_floor]
+        return tuple(d for d, bits in DTYPE_BITS.items() if bits >= floor)
+
+
+# -------------------------------------------------------------------------- engine
+
+
+class SecretEnvSource(ApiModel):
+    """Value taken from a Secret."""
+
+    secret_key_ref: SecretKeyRef = Field(description="Secret and key holding the value.")
+
+
+class EnvVar(ApiModel):
+    """An environment variable: an inline value, or a value from a Secret."""
+
+    name: str = _str("Variable name.", 128, ENV_NAME_RE)
+    value: str | None = _str("Inline value (not for secrets: names like *_TOKEN, *_SECRET, *_PASSWORD must use valueFrom).", 4096, default=None)
+    value_from: SecretEnvSource | None = Field(default=None, description="Take the value from a Secret key.")
+
+    RULES = (
+        Rule(
+            "has(self.value) != has(self.valueFrom)",
+            "env: set exactly one of value and valueFrom",
+            None,
+            lambda e: (e.value is None) != (e.value_from is None),
+        ),
+        Rule(
+            f"!has(self.value) || !self.name.upperAscii().matches('{SECRET_ENV_RE}')",
+            "env: a variable whose name marks a secret (TOKEN, SECRET, PASSWORD, API_KEY, ...) must use "
+            "valueFrom.secretKeyRef, not an inline value",
+            ".value",
+            lambda e: e.value is None or not re.search(SECRET_ENV_RE, e.name.upper()),
+            "FieldValueForbidden",
+        ),
+    )
+
+
+def _env_list(description: str):
+    return Field(
+        default_factory=list,
+        max_length=64,
+        description=description,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+
+def _no_plan_flags(engine: "EngineSpec") -> bool:
+    return engine.allow_plan_override or not engine.plan_owned_extra_args()
+
+
+class EngineSpec(ApiModel):
+    """The inference engine and its serving features."""
+
+    kind: EngineKind = Field(
+        default="vllm",
+        description="Engine: vllm, sglang or trtllm (trtllm-serve, PyTorch backend). Immutable: metrics, "
+        "bootstrap and API details differ between engines; switch by deploying a new LLMDeployment beside this one.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self == oldSelf",
+                    "message": "spec.engine.kind is immutable; create a new LLMDeployment to change engine",
+                    "reason": "FieldValueForbidden",
+                }
+            ]
+        },
+    )
+    image: str | None = _str(
+        "Container image of the engine. Default: the operator's pinned image for the engine kind.",
+        512, r"^[^\s]+$", default=None,
+    )
+    prefix_caching: bool = Field(
+        default=True,
+        description="Reuse KV cache across requests sharing a prefix (vLLM --enable-prefix-caching, SGLang "
+        "RadixAttention, TRT-LLM KV cache reuse).",
+    )
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        default="fcfs",
+        description="Request scheduling: fcfs (first come, first served) or priority (requests carry a priority).",
+    )
+    expert_load_balancing: AutoOnOff = Field(
+        default="auto",
+        description="Expert-parallel load balancing (redundant hot experts): auto turns it on when the plan uses "
+        "expert parallelism over more than one GPU; ignored for dense models.",
+    )
+    cuda_graphs: AutoOnOff = Field(
+        default="auto",
+        description="CUDA graph capture for decode: auto lets the engine decide (on for its default batch sizes); "
+        "off trades decode speed for start-up time and memory.",
+    )
+    extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra engine command-line arguments, appended after the ones the plan sets. Flags the plan "
+        "owns (parallel sizes, batch and chunk limits, KV-cache dtype) are refused unless allowPlanOverride is true.",
+    )
+    allow_plan_override: bool = Field(
+        default=False,
+        description="Let extraArgs override flags the plan sets. The operator then reports the override in the "
+        "Planned condition, and its predictions no longer describe what runs.",
+    )
+    env: list[EnvVar] = _env_list("Extra environment variables of the engine container (override the operator's).")
+
+    RULES = (
+        Rule(
+            f"self.allowPlanOverride || self.extraArgs.all(a, !a.matches('{PLAN_OWNED_FLAG_RE}'))",
+            "spec.engine.extraArgs must not set flags the plan owns (parallel sizes, max-num-seqs, batched tokens, "
+            "chunked prefill, kv-cache dtype): pin them in spec.parallelism/spec.precision, or set "
+            "spec.engine.allowPlanOverride: true",
+            ".extraArgs",
+            _no_plan_flags,
+            "FieldValueForbidden",
+        ),
+    )
+
+    def plan_owned_extra_args(self) -> list[str]:
+        """extraArgs entries that set a flag the plan owns."""
+        rx = re.compile(PLAN_OWNED_FLAG_RE)
+        return [a for a in self.extra_args if rx.match(a)]
+
+
+# ------------------------------------------------------------------ workload / SLO
+
+
+class WorkloadSpec(ApiModel):
+    """The traffic the deployment is planned for."""
+
+    input_tokens: int = Field(default=1024, ge=1, le=16777216, description="Typical prompt length in tokens (ISL).")
+    output_tokens: int = Field(default=256, ge=1, le=1048576, description="Typical generated length in tokens (OSL).")
+    request_rate: float | None = Field(
+        default=None, gt=0, le=1_000_000,
+        description="Expected requests per second over the whole deployment (open loop). Set this or concurrency, "
+        "or neither to plan the whole throughput/interactivity frontier.",
+    )
+    concurrency: int | None = Field(
+        default=None, ge=1, le=10_000_000,
+        description="Expected requests in flight over the whole deployment (closed loop). Set this or requestRate.",
+    )
+    max_context: int | None = Field(
+        default=None, ge=1, le=16777216,
+        description="Longest context (prompt + output) to support, in tokens. Default inputTokens + outputTokens.",
+    )
+
+    RULES = (
+        Rule(
+            "!(has(self.requestRate) && has(self.concurrency))",
+            "spec.workload: set requestRate or concurrency, not both",
+            ".concurrency",
+            lambda w: not (w.request_rate is not None and w.concurrency is not None),
+        ),
+        Rule(
+            "!has(self.maxContext) || self.maxContext >= self.inputTokens + self.outputTokens",
+            "spec.workload.maxContext must be at least inputTokens + outputTokens",
+            ".maxContext",
+            lambda w: w.max_context is None or w.max_context >= w.input_tokens + w.output_tokens,
+        ),
+    )
+
+
+class SLOSpec(ApiModel):
+    """Latency targets, at one percentile."""
+
+    ttft_ms: float | None = Field(
+        default=None, gt=0, le=3_600_000, description="Time-to-first-token target in milliseconds at `percentile`."
+    )
+    itl_ms: float | None = Field(
+        default=None, gt=0, le=600_000,
+        description="Inter-token latency (time per output token) target in milliseconds at `percentile`.",
+    )
+    percentile: Percentile = Field(default=99, description="Percentile the targets apply to: 50, 90, 95 or 99.")
+    min_tokens_per_second_per_user: float | None = Field(
+        default=None, gt=0, le=100_000,
+        description="Reading-speed target: tokens per second each user must receive (equivalent to itlMs = 1000 / value).",
+    )
+
+    RULES = (
+        Rule(
+            "has(self.ttftMs) || has(self.itlMs) || has(self.minTokensPerSecondPerUser)",
+            "spec.slo needs at least one target: ttftMs, itlMs or minTokensPerSecondPerUser",
+            None,
+            lambda s: any(v is not None for v in (s.ttft_ms, s.itl_ms, s.min_tokens_per_second_per_user)),
+            "FieldValueRequired",
+        ),
+    )
+
+    @property
+    def effective_itl_ms(self) -> float | None:
+        """The tighter of itlMs and 1000 / minTokensPerSecondPerUser."""
+        limits = [v for v in (self.itl_ms,) if v is not None]
+        if self.min_tokens_per_second_per_user:
+            limits.append(1000.0 / self.min_tokens_per_second_per_user)
+        return min(limits) if limits else None
+
+
+# -------------------------------------------------------------- parallelism / GPUs
+
+MAX_TENSOR = 512
+MAX_EXPERT = 1024
+MAX_PIPELINE = 256
+
+
+class ParallelismSpec(ApiModel):
+    """Each size is `auto` (the planner chooses) or pinned. DP is spec.replicas."""
+
+    tensor: _auto_or_int("spec.parallelism.tensor", MAX_TENSOR) = Field(
+        default="auto", description="Tensor-parallel GPUs per group (TP): 'auto' or a pinned integer."
+    )
+    expert: _auto_or_int("spec.parallelism.expert", MAX_EXPERT) = Field(
+        default="auto",
+        description="Expert-parallel groups per replica (EP; attention is data-parallel across them): 'auto' or "
+        "a pinned integer. 1 for dense models.",
+    )
+    pipeline: _auto_or_int("spec.parallelism.pipeline", MAX_PIPELINE) = Field(
+        default="auto", description="Pipeline stages per replica (PP): 'auto' or a pinned integer."
+    )
+    chunk_size: _auto_or_int("spec.parallelism.chunkSize", 1048576, 16) = Field(
+        default="auto",
+        description="Chunked-prefill budget, tokens per engine step (vLLM --max-num-batched-tokens, SGLang "
+        "--chunked-prefill-size, TRT-LLM --max_num_tokens): 'auto' or pinned.",
+    )
+    max_num_seqs: _auto_or_int("spec.parallelism.maxNumSeqs", 65536) = Field(
+        default="auto",
+        description="Sequences batched per replica (vLLM --max-num-seqs, SGLang --max-running-requests, TRT-LLM "
+        "--max_batch_size): 'auto' or pinned.",
+    )
+
+    def pinned_gpus_per_replica(self) -> int:
+        """Lower bound of GPUs per replica from the pinned sizes (`auto` counts as 1)."""
+        out = 1
+        for v in (self.tensor, self.expert, self.pipeline):
+            out *= pinned(v) or 1
+        return out
+
+
+class GpusSpec(ApiModel):
+    """Which GPUs the deployment may use."""
+
+    node_selector: dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Only nodes with all these labels are candidates (same as a pod's nodeSelector).",
+    )
+    products: list[Annotated[str, Field(max_length=128)]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Allowed GPU products: nvidia.com/gpu.product label values (e.g. NVIDIA-H100-80GB-HBM3) or "
+        "catalogue names (h100, h200, gb200, l40s, ...). Empty: any.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    max_gpus: int | None = Field(
+        default=None, ge=1, le=65536,
+        description="Most GPUs the deployment may use in total, all replicas together (a cost ceiling for the "
+        "planner and the autoscaler).",
+    )
+
+
+# ---------------------------------------------------------------------- autoscaling
+
+
+class MetricNames(ApiModel):
+    """Prometheus metric names, for engines or exporters that rename them.
+
+    Only names: the operator builds the queries itself (label values escaped), so
+    nothing from the spec is spliced into PromQL.
+    """
+
+    ttft_histogram: str | None = _str(
+        "Histogram of time to first token in seconds (default per engine, vLLM "
+        "vllm:time_to_first_token_seconds_bucket).", 200, PROM_METRIC_RE, default=None,
+    )
+    itl_histogram: str | None = _str(
+        "Histogram of inter-token latency in seconds (default per engine, vLLM "
+        "vllm:inter_token_latency_seconds_bucket).", 200, PROM_METRIC_RE, default=None,
+    )
+    requests_waiting: str | None = _str(
+        "Gauge of queued requests (default per engine, vLLM vllm:num_requests_waiting).", 200, PROM_METRIC_RE, default=None
+    )
+    requests_running: str | None = _str(
+        "Gauge of running requests (default per engine, vLLM vllm:num_requests_running).", 200, PROM_METRIC_RE, default=None
+    )
+
+
+class AutoscalingSpec(ApiModel):
+    """Scale DP replicas from the SLO percentiles Prometheus reports.
+
+    When enabled, meshplan decides the replica count within [minReplicas,
+    maxReplicas] and reports it in status.desiredReplicas; spec.replicas is only
+    the starting point (clamped into the range). When disabled, spec.replicas (and
+    so the scale subresource: kubectl scale, HPA, KEDA) rules.
+    """
+
+    enabled: bool = Field(default=False, description="Turn SLO autoscaling on. Needs spec.slo.ttftMs or spec.slo.itlMs.")
+    min_replicas: int = Field(default=1, ge=0, le=10000, description="Fewest replicas (0 allows scale to zero).")
+    max_replicas: int | None = Field(
+        default=None, ge=1, le=10000, description="Most replicas. Required when enabled: it is the cost ceiling."
+    )
+    prometheus_url: str | None = _str(
+        "Prometheus base URL (http(s)://host:port). Default: the operator's --prometheus-url setting.",
+        2048, r"^https?://[^\s@]+$", default=None,
+    )
+    up_window_seconds: int = Field(
+        default=60, ge=10, le=3600, description="Scale up when an SLO ratio stays above upThreshold this long."
+    )
+    down_window_seconds: int = Field(
+        default=300, ge=10, le=86400, description="Scale down when all SLO ratios stay below downThreshold this long."
+    )
+    cooldown_seconds: int = Field(default=120, ge=0, le=86400, description="Least time between two scaling changes.")
+    up_threshold: float = Field(
+        default=1.0, gt=0, le=10,
+        description="Scale up above this ratio of observed percentile to target (1.0 = at the target).",
+    )
+    down_threshold: float = Field(
+        default=0.6, gt=0, le=10, description="Scale down when every ratio is below this. Must be below upThreshold."
+    )
+    max_step_up: int = Field(default=4, ge=1, le=1000, description="Most replicas added in one decision.")
+    max_step_down: int = Field(default=1, ge=1, le=1000, description="Most replicas removed in one decision.")
+    metrics: MetricNames = Field(default_factory=MetricNames, description="Metric name overrides.")
+
+    RULES = (
+        Rule(
+            "!self.enabled || has(self.maxReplicas)",
+            "spec.autoscaling.maxReplicas is required when autoscaling is enabled",
+            ".maxReplicas",
+            lambda a: not a.enabled or a.max_replicas is not None,
+            "FieldValueRequired",
+        ),
+        Rule(
+            "!has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+            "spec.autoscaling.minReplicas must not exceed maxReplicas",
+            ".minReplicas",
+            lambda a: a.max_replicas is None or a.min_replicas <= a.max_replicas,
+        ),
+        Rule(
+            "self.downThreshold < self.upThreshold",
+            "spec.autoscaling.downThreshold must be below upThreshold (else replicas oscillate)",
+            ".downThreshold",
+            lambda a: a.down_threshold < a.up_threshold,
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------- NCCL
+
+
+class NcclSpec(ApiModel):
+    """Collective-communication settings. Defaults come from the topology."""
+
+    transport: Transport = Field(
+        default="auto",
+        description="Inter-node transport: auto (from node labels), nvlink (multi-node NVLink, e.g. GB200 NVL72), "
+        "infiniband, roce, efa or tcp.",
+    )
+    socket_ifname: str | None = _str(
+        "NCCL_SOCKET_IFNAME: interfaces for bootstrap and TCP traffic (e.g. eth0, ^lo,docker).",
+        256, r"^[\^=]?[A-Za-z0-9_.:,*-]+$", default=None,
+    )
+    ib_hca: str | None = _str(
+        "NCCL_IB_HCA: InfiniBand/RoCE adapters to use (e.g. mlx5_0:1,mlx5_1:1 or =mlx5_0).",
+        512, r"^[\^=]?[A-Za-z0-9_.:,-]+$", default=None,
+    )
+    env: list[EnvVar] = _env_list("Extra NCCL_* (or UCX_, FI_ ...) variables; they override meshplan's defaults.")
+
+
+# ----------------------------------------------------------------------------- spec
+
+
+def _pinned_product_cel() -> str:
+    def term(f: str) -> str:
+        return f"(has(self.parallelism.{f}) && type(self.parallelism.{f}) == int ? self.parallelism.{f} : 1)"
+
+    replicas = (
+        "(has(self.autoscaling) && self.autoscaling.enabled ? "
+        "(self.autoscaling.minReplicas > 0 ? self.autoscaling.minReplicas : 1) : "
+        "(self.replicas > 0 ? self.replicas : 1))"
+    )
+    return (
+        "!has(self.gpus) || !has(self.gpus.maxGpus) || !has(self.parallelism) || "
+        f"{term('tensor')} * {term('expert')} * {term('pipeline')} * {replicas} <= self.gpus.maxGpus"
+    )
+
+
+def _replicas_at_least(spec: "LLMDeploymentSpec") -> int:
+    if spec.autoscaling.enabled:
+        return max(spec.autoscaling.min_replicas, 1)
+    return max(spec.replicas, 1)
+
+
+def _pinned_fits_budget(spec: "LLMDeploymentSpec") -> bool:
+    if spec.gpus.max_gpus is None:
+        return True
+    return spec.parallelism.pinned_gpus_per_replica() * _replicas_at_least(spec) <= spec.gpus.max_gpus
+
+
+def _arch_check(spec: "LLMDeploymentSpec", fn: Callable[[Architecture, ParallelismSpec], bool]) -> bool:
+    arch = spec.model.architecture
+    return arch is None or fn(arch, spec.parallelism)
+
+
+_ARCH = "has(self.model.architecture) && has(self.parallelism)"
+
+
+class LLMDeploymentSpec(ApiModel):
+    """Desired state of one LLM inference service. meshplan never writes spec."""
+
+    model: ModelSpec = Field(description="The model to serve.")
+    precision: Precision = Field(default_factory=Precision, description="Weight and KV-cache dtypes.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="Inference engine and serving features.")
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="Traffic to plan for.")
+    slo: SLOSpec | None = Field(
+        default=None, description="Latency targets. Required by objective minCostWithinSLO and by autoscaling."
+    )
+    objective: Objective = Field(
+        default="balanced",
+        description="What the planner optimises on the throughput/interactivity frontier: maxThroughput (tokens/s "
+        "per GPU), bestInteractivity (tokens/s per user), balanced (knee of the frontier within the SLO), "
+        "minCostWithinSLO (fewest GPUs that meet the SLO).",
+    )
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec, description="Tensor/expert/pipeline sizes and batch knobs, auto or pinned."
+    )
+    gpus: GpusSpec = Field(default_factory=GpusSpec, description="Which GPUs, and how many at most.")
+    replicas: int = Field(
+        default=1, ge=0, le=10000,
+        description="Data-parallel replicas (each a full TP x EP x PP group). Target of the scale subresource; "
+        "ignored beyond the starting point while autoscaling.enabled is true.",
+    )
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="SLO-driven replica autoscaling.")
+    nccl: NcclSpec = Field(default_factory=NcclSpec, description="NCCL transport and environment.")
+
+    RULES = (
+        Rule(
+            _pinned_product_cel(),
+            "spec.gpus.maxGpus is smaller than the pinned spec.parallelism tensor x expert x pipeline times the "
+            "replicas (autoscaling.minReplicas when autoscaling): raise maxGpus or pin smaller sizes",
+            ".gpus.maxGpus",
+            _pinned_fits_budget,
+        ),
+        Rule(
+            "self.objective != 'minCostWithinSLO' || has(self.slo)",
+            "spec.slo is required when spec.objective is minCostWithinSLO",
+            ".objective",
+            lambda s: s.objective != "minCostWithinSLO" or s.slo is not None,
+            "FieldValueRequired",
+        ),
+        Rule(
+            "!has(self.autoscaling) || !self.autoscaling.enabled || (has(self.slo) && (has(self.slo.ttftMs) || "
+            "has(self.slo.itlMs) || has(self.slo.minTokensPerSecondPerUser)))",
+            "spec.autoscaling.enabled needs a latency target in spec.slo (ttftMs, itlMs or minTokensPerSecondPerUser)",
+            ".autoscaling.enabled",
+            lambda s: not s.autoscaling.enabled or s.slo is not None,
+            "FieldValueRequired",
+        ),
+        Rule(
+            f"!({_ARCH}) || type(self.parallelism.tensor) != int || "
+            "self.model.architecture.attentionHeads % self.parallelism.tensor == 0",
+            "spec.parallelism.tensor must divide spec.model.architecture.attentionHeads",
+            ".parallelism.tensor",
+            lambda s: _arch_check(s, lambda a, p: pinned(p.tensor) is None or a.attention_heads % p.tensor == 0),
+        ),
+        Rule(
+            f"!({_ARCH}) || type(self.parallelism.expert) != int || self.parallelism.expert == 1 || "
+            "(has(self.model.architecture.experts) && self.model.architecture.experts % self.parallelism.expert == 0)",
+            "spec.parallelism.expert must be 1 for a dense model and divide spec.model.architecture.experts for MoE",
+            ".parallelism.expert",
+            lambda s: _arch_check(
+                s,
+                lambda a, p: pinned(p.expert) in (None, 1) or (a.experts is not None and a.experts % p.expert == 0),
+            ),
+        ),
+        Rule(
+            f"!({_ARCH}) || type(self.parallelism.pipeline) != int || "
+            "self.parallelism.pipeline <= self.model.architecture.layers",
+            "spec.parallelism.pipeline must not exceed spec.model.architecture.layers",
+            ".parallelism.pipeline",
+            lambda s: _arch_check(s, lambda a, p: pinned(p.pipeline) is None or p.pipeline <= a.layers),
+        ),
+    )
+
+
+# --------------------------------------------------------------------------- status
+
+
+class Condition(ApiModel):
+    """A metav1.Condition: the standard shape of an observation."""
+
+    type: str = _str(
+        "Condition type: Planned, Placed, Available, Progressing, Degraded or ScalingLimited.", 316,
+        r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = _str("CamelCase machine-readable reason for the last transition.", 1024, r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = _str("Human-readable explanation, with the numbers behind it.", 32768, default="")
+    last_transition_time: datetime = Field(description="When the status last changed (RFC 3339).")
+    observed_generation: int | None = Field(default=None, ge=0, description="metadata.generation this condition describes.")
+
+
+class PredictedPerformance(ApiModel):
+    """The performance model's prediction for the chosen plan at the planned workload."""
+
+    ttft_ms: float | None = Field(default=None, ge=0, description="Predicted time to first token, milliseconds, at the SLO percentile.")
+    itl_ms: float | None = Field(default=None, ge=0, description="Predicted inter-token latency, milliseconds.")
+    tokens_per_second_per_gpu: float | None = Field(default=None, ge=0, description="Predicted output tokens per second per GPU (throughput).")
+    tokens_per_second_per_user: float | None = Field(default=None, ge=0, description="Predicted output tokens per second each user receives (interactivity).")
+
+
+class PlanSummary(ApiModel):
+    """One planned configuration (the choice, or an alternative)."""
+
+    layout: str = _str("Blog-style layout name, e.g. TP4·EP4·PP4 (DP is replicas).", 64)
+    tp: int = Field(ge=1, description="Tensor-parallel size.")
+    ep: int = Field(default=1, ge=1, description="Expert-parallel size.")
+    pp: int = Field(default=1, ge=1, description="Pipeline stages.")
+    dp: int = Field(default=1, ge=0, description="Data-parallel replicas the plan sizes for.")
+    gpus_per_replica: int = Field(ge=1, description="GPUs in one replica (tp x ep x pp).")
+    nodes_per_replica: int | None = Field(default=None, ge=1, description="Nodes one replica spans.")
+    gpu_product: str | None = _str("GPU product the plan is for.", 128, default=None)
+    weights_dtype: str | None = _str("Weight dtype chosen.", 16, default=None)
+    kv_cache_dtype: str | None = _str("KV-cache dtype chosen.", 16, default=None)
+    chunk_size: int | None = Field(default=None, ge=1, description="Chunked-prefill tokens per step.")
+    max_num_seqs: int | None = Field(default=None, ge=1, description="Sequences batched per replica.")
+    memory_per_gpu_gib: float | None = Field(default=None, ge=0, description="Planned memory use per GPU, GiB.")
+    predicted: PredictedPerformance | None = Field(default=None, description="Predicted performance.")
+    reason: str | None = _str("Why this configuration was chosen (or ranked here).", 4096, default=None)
+
+
+class PlanStatus(PlanSummary):
+    """The chosen plan."""
+
+
+class ReplicaPlacement(ApiModel):
+    """Where one DP replica runs."""
+
+    index: int = Field(ge=0, description="Replica index (0-based).")
+    nvlink_domain: str | None = _str("NVLink domain (gpu.clique, or the node name) the replica's TP/EP groups sit in.", 253, default=None)
+    nodes: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=1024, description="Nodes of the replica, stage order.")
+    gpus: int = Field(default=0, ge=0, description="GPUs the replica holds.")
+    ready: bool = Field(default=False, description="All of the replica's pods are ready.")
+
+
+class AutoscalingStatus(ApiModel):
+    """The last autoscaling decision and what it was based on."""
+
+    last_decision_time: datetime | None = Field(default=None, description="When the autoscaler last evaluated.")
+    last_scale_time: datetime | None = Field(default=None, description="When the replica count last changed.")
+    from_replicas: int | None = Field(default=None, ge=0, description="Replicas before the last decision.")
+    to_replicas: int | None = Field(default=None, ge=0, description="Replicas after the last decision.")
+    reason: str | None = _str("Why (e.g. ttft ratio 1.4 above 1.0 for 60s).", 4096, default=None)
+    observed_ttft_ms: float | None = Field(default=None, ge=0, description="Observed TTFT at the SLO percentile, milliseconds.")
+    observed_itl_ms: float | None = Field(default=None, ge=0, description="Observed inter-token latency at the SLO percentile, milliseconds.")
+    ttft_ratio: float | None = Field(default=None, ge=0, description="Observed TTFT / target.")
+    itl_ratio: float | None = Field(default=None, ge=0, description="Observed ITL / target.")
+    request_rate: float | None = Field(default=None, ge=0, description="Observed requests per second.")
+    requests_waiting: float | None = Field(default=None, ge=0, description="Observed queued requests.")
+    metrics_healthy: bool | None = Field(default=None, description="False when metrics were missing, stale or nonsensical (decision held).")
+
+
+class LLMDeploymentStatus(ApiModel):
+    """Observed state, written only by meshplan."""
+
+    observed_generation: int | None = Field(default=None, ge=0, description="metadata.generation last reconciled.")
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=16,
+        description="Planned, Placed, Available, Progressing, Degraded, ScalingLimited.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    plan: PlanStatus | None = Field(default=None, description="The chosen plan and its predictions.")
+    alternatives: list[PlanSummary] = Field(default_factory=list, max_length=8, description="Next-best plans, best first.")
+    placement: list[ReplicaPlacement] = Field(default_factory=list, max_length=10000, description="Placement per replica.")
+    replicas: int | None = Field(default=None, ge=0, description="Replicas that exist (scale subresource status).")
+    ready_replicas: int | None = Field(default=None, ge=0, description="Replicas whose pods are all ready.")
+    desired_replicas: int | None = Field(default=None, ge=0, description="Replicas meshplan is driving toward.")
+    selector: str | None = _str("Label selector of the replicas' pods (for the scale subresource).", 1024, default=None)
+    autoscaling: AutoscalingStatus | None = Field(default=None, description="Last autoscaling decision.")
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+class LLMDeployment(ApiModel):
+    """An LLM inference service that meshplan plans, places, configures and autoscales."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: Literal["meshplan.dev/v1alpha1"] = Field(default=API_VERSION, description="meshplan.dev/v1alpha1")
+    kind: Literal["LLMDeployment"] = Field(default=KIND, description="LLMDeployment")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
+    spec: LLMDeploymentSpec = Field(description="Desired state.")
+    status: LLMDeploymentStatus | None = Field(default=None, description="Observed state.")
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_name(cls, v: dict[str, Any]) -> dict[str, Any]:
+        name = v.get("name")
+        if name is not None and (not isinstance(name, str) or len(name) > 63 or not re.match(DNS_LABEL_RE, name)):
+            raise ValueError(
+                f"metadata.name {name!r} must be a DNS label (lowercase letters, digits, '-', at most 63 characters): "
+                "it names the replica Services"
+            )
+        return v
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any]) -> "LLMDeployment":
+        """Parse a manifest (dict from YAML/JSON or the API server's body)."""
+        return cls.model_validate(manifest)
+
+    @property
+    def name(self) -> str:
+        return self.metadata.get("name", "")
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.get("namespace", "default")
+
+
+# ------------------------------------------------------------ semantic validation
+
+
+def validate_semantics(spec: LLMDeploymentSpec) -> list[str]:
+    """Checks the API server cannot do: they need meshplan's catalogues.
+
+    Returns human-readable problems (empty when the spec is sound), each naming
+    the field and the fix. The operator reports them as `Planned=False`.
+    """
+    problems: list[str] = []
+    arch = spec.model.architecture
+    catalog_model = None
+    if arch is None:
+        try:
+            from meshplan.catalog import models as catalog_models  # written alongside the planner
+        except ImportError:
+            catalog_models = None
+        if catalog_models is not None:
+            try:
+                catalog_model = catalog_models.get_model(spec.model.name)
+            except (KeyError, ValueError, LookupError):
+                catalog_model = None
+            if catalog_model is None:
+                known = getattr(catalog_models, "MODELS", None)
+                hint = f" (known: {', '.join(sorted(known)[:20])})" if isinstance(known, dict) else ""
+                problems.append(
+                    f"spec.model.name {spec.model.name!r} is not in meshplan's catalogue{hint}: use a catalogue name "
+                    "or give spec.model.architecture"
+                )
+    if catalog_model is not None:
+        problems += _check_against_dimensions(
+            spec,
+            heads=getattr(catalog_model, "attention_heads", None) or getattr(catalog_model, "num_attention_heads", None),
+            experts=getattr(catalog_model, "experts", None) or getattr(catalog_model, "num_experts", None),
+            layers=getattr(catalog_model, "layers", None) or getattr(catalog_model, "num_layers", None),
+        )
+    if spec.gpus.products:
+        try:
+            from meshplan.catalog.gpus import get_gpu
+        except ImportError:
+            get_gpu = None
+        if get_gpu is not None:
+            for i, product in enumerate(spec.gpus.products):
+                try:
+                    ok = get_gpu(product) is not None
+                except (KeyError, ValueError, LookupError):
+                    ok = False
+                if not ok:
+                    problems.append(
+                        f"spec.gpus.products[{i}] {product!r} is not a GPU meshplan knows: use a nvidia.com/gpu.product "
+                        "label value or a catalogue name (h100, h200, b200, gb200, l40s, ...)"
+                    )
+    if spec.engine.allow_plan_override and spec.engine.plan_owned_extra_args():
+        problems.append(
+            "spec.engine.extraArgs overrides flags the plan sets "
+            f"({' '.join(spec.engine.plan_owned_extra_args())}); predictions may not describe what runs"
+        )
+    return problems
+
+
+def _check_against_dimensions(spec: LLMDeploymentSpec, heads, experts, layers) -> list[str]:
+    """Pinned parallel sizes against a catalogue model's dimensions (CEL does this for explicit architectures)."""
+    out: list[str] = []
+    p = spec.parallelism
+    tp, ep, pp = pinned(p.tensor), pinned(p.expert), pinned(p.pipeline)
+    name = spec.model.name
+    if tp and heads and heads % tp:
+        out.append(f"spec.parallelism.tensor {tp} does not divide the {heads} attention heads of {name}")
+    if ep and ep > 1:
+        if not experts:
+            out.append(f"spec.parallelism.expert {ep} needs a MoE model; {name} is dense: use 1 or auto")
+        elif experts % ep:
+            out.append(f"spec.parallelism.expert {ep} does not divide the {experts} experts of {name}")
+    if pp and layers and pp > layers:
+        out.append(f"spec.parallelism.pipeline {pp} exceeds the {layers} layers of {name}")
+    return out
