@@ -1,0 +1,426 @@
+"""GPU topology from Node and Pod objects: GPUs per node, NVLink domains, free capacity.
+
+Pure functions over plain dicts (Node/Pod objects as the API server returns them,
+e.g. `kubectl get nodes -o json`): no kubernetes client, no clock. The controller
+keeps `node_info(node)` and `pod_gpu_usage(pod)` results in kopf indexes (one entry
+per object, updated by the watch) and calls `build_topology_from_infos` per
+reconcile, so nothing is re-listed.
+
+Where the facts come from
+- Node labels set by NVIDIA GPU feature discovery (k8s-device-plugin
+  docs/gpu-feature-discovery/README.md): `nvidia.com/gpu.product` (nvidia-smi name,
+  spaces as `-`), `nvidia.com/gpu.memory` (MiB per GPU), `nvidia.com/gpu.family`,
+  `nvidia.com/gpu.clique` (`<ClusterUUID>.<CliqueID>`: the nodes of one multi-node
+  NVLink partition, e.g. one GB200 NVL72 rack).
+- GPU count: `status.allocatable["nvidia.com/gpu"]` (the device plugin's resource;
+  kube-scheduler's NodeResourcesFit enforces it), not the `gpu.count` label,
+  because allocatable already excludes unhealthy GPUs.
+- Zone: `topology.kubernetes.io/zone` (Kubernetes well-known labels).
+
+Schedulable capacity
+A node counts as capacity only when `spec.unschedulable` is not set, its `Ready`
+condition is `True` and it carries no `NoSchedule`/`NoExecute` taint that the
+caller's tolerations do not tolerate (`PreferNoSchedule` is a preference and is
+ignored). By default the common `nvidia.com/gpu` taint is tolerated, and the
+rendered pods carry the same toleration (`DEFAULT_TOLERATIONS`). Excluded nodes are
+kept in `Topology.excluded` with the reason, so status messages can say why.
+
+Used GPUs
+A pod uses GPUs on a node when it is bound there (`spec.nodeName`) and not finished
+(phase not Succeeded/Failed); pods being deleted still hold their GPUs. Per pod the
+GPU count follows the scheduler's effective-request rule: max(sum over app and
+sidecar containers, largest plain init container); per container the
+`nvidia.com/gpu` request, or the limit when no request is set (extended resources
+default their request to the limit). A pod rendered by meshplan but not yet bound
+(held back by its scheduling gate) carries the annotation `ASSIGNED_NODE_ANNOTATION`
+and reserves its GPUs on that node, so two deployments planned one after the other
+never count the same free GPUs twice.
+
+NVLink domains (the rule placement honours)
+- Nodes sharing a `nvidia.com/gpu.clique` value form one domain (multi-node NVLink,
+  MNNVL). A clique whose nodes disagree on product or zone is split by both, so
+  every domain is homogeneous and inside one zone.
+- Any other node is its own domain.
+- PCIe-only products (catalogue `nvlink_domain == 1`, e.g. L40S) have no NVLink at
+  all. Their node is still the domain, with `nvlink=False`: a TP/EP group may span
+  the node's GPUs (over PCIe, slower; the planner prices it with the PCIe/NIC
+  bandwidth via `nvlink_gpus == 1`) but never crosses nodes. This keeps e.g.
+  Mixtral-8x7B at TP2 on two L40S of one node possible, which a literal
+  "one GPU per domain" rule would forbid.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+GPU_RESOURCE = "nvidia.com/gpu"
+LABEL_PRODUCT = "nvidia.com/gpu.product"
+LABEL_MEMORY_MIB = "nvidia.com/gpu.memory"
+LABEL_FAMILY = "nvidia.com/gpu.family"
+LABEL_CLIQUE = "nvidia.com/gpu.clique"
+LABEL_ZONE = "topology.kubernetes.io/zone"
+LABEL_HOSTNAME = "kubernetes.io/hostname"
+
+# Set by meshplan.render on pods it creates: the node placement chose. Lets a gated
+# (unbound) pod reserve its GPUs in the topology other deployments see.
+ASSIGNED_NODE_ANNOTATION = "meshplan.dev/assigned-node"
+
+# The NVIDIA GPU operator / many clouds taint GPU nodes `nvidia.com/gpu:NoSchedule`
+# so only GPU pods land there; meshplan's pods are GPU pods and tolerate it.
+DEFAULT_TOLERATIONS: tuple[Mapping[str, str], ...] = (
+    {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+)
+
+# Fallback when meshplan.catalog.gpus does not know a product: substrings of
+# nvidia.com/gpu.product values of PCIe-only cards (NVIDIA product pages: L40S, L40,
+# L4, A10, A40, T4 and RTX boards have no NVLink switch; "-PCIe" SKUs of H100/A100
+# have at most 2-GPU bridges, treated as none).
+_PCIE_PRODUCT_MARKERS = ("L40", "-L4", "A10", "A40", "T4", "RTX", "PCIE")
+
+
+def product_has_nvlink(product: str) -> bool:
+    """Whether GPUs of this product talk over NVLink inside a node (False: PCIe only).
+
+    Uses the GPU catalogue (`nvlink_domain > 1`) when it knows the product; else a
+    small list of PCIe-only markers; unknown SXM-style products default to NVLink.
+    """
+    try:
+        from meshplan.catalog.gpus import get_gpu
+
+        return get_gpu(product).nvlink_domain > 1
+    except (ImportError, KeyError):
+        up = product.upper()
+        return not any(m in up for m in _PCIE_PRODUCT_MARKERS)
+
+
+def parse_count(value: Any) -> int:
+    """An integer resource quantity ("8", 8, "8000m") -> int; anything else -> 0."""
+    if value is None:
+        return 0
+    if isinstance(value, (int, float)):
+        return int(value)
+    s = str(value).strip()
+    try:
+        if s.endswith("m"):
+            return int(s[:-1]) // 1000
+        if s.endswith("k"):
+            return int(s[:-1]) * 1000
+        return int(float(s))
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What placement needs to know about one GPU node (hashable, index-friendly)."""
+
+    name: str
+    product: str
+    gpus: int                       # allocatable nvidia.com/gpu
+    gpu_memory_mib: int
+    family: str
+    zone: str
+    clique: str | None
+    hostname: str
+    schedulable: bool
+    unschedulable_reason: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def nvlink(self) -> bool:
+        return product_has_nvlink(self.product)
+
+    def matches(self, selector: Mapping[str, str]) -> bool:
+        labels = dict(self.labels)
+        return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """Kubernetes toleration matching (k8s.io/api core/v1 Toleration.ToleratesTaint)."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    op = toleration.get("operator") or "Equal"
+    if not key:
+        return op == "Exists"
+    if key != taint.get("key"):
+        return False
+    if op == "Exists":
+        return True
+    return (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def _ready(node: Mapping[str, Any]) -> bool | None:
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return None
+
+
+def node_info(
+    node: Mapping[str, Any],
+    tolerations: Sequence[Mapping[str, Any]] = DEFAULT_TOLERATIONS,
+    ready_if_unknown: bool = False,
+) -> NodeInfo | None:
+    """One Node object -> NodeInfo, or None when the node has no GPUs.
+
+    `ready_if_unknown` treats a node without a Ready condition as ready (for node
+    manifests read from a fleet file, which have no status conditions yet).
+    """
+    meta = node.get("metadata") or {}
+    labels: dict[str, str] = dict(meta.get("labels") or {})
+    status = node.get("status") or {}
+    gpus = parse_count((status.get("allocatable") or {}).get(GPU_RESOURCE))
+    if gpus <= 0:
+        return None
+    name = meta.get("name", "")
+    reasons = []
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        reasons.append("cordoned (spec.unschedulable)")
+    ready = _ready(node)
+    if ready is False or (ready is None and not ready_if_unknown):
+        reasons.append("NotReady" if ready is False else "no Ready condition")
+    for taint in spec.get("taints") or []:
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        if not any(_tolerates(t, taint) for t in tolerations):
+            reasons.append(f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}")
+    return NodeInfo(
+        name=name,
+        product=labels.get(LABEL_PRODUCT, "unknown"),
+        gpus=gpus,
+        gpu_memory_mib=parse_count(labels.get(LABEL_MEMORY_MIB)),
+        family=labels.get(LABEL_FAMILY, ""),
+        zone=labels.get(LABEL_ZONE, ""),
+        clique=labels.get(LABEL_CLIQUE) or None,
+        hostname=labels.get(LABEL_HOSTNAME, name),
+        schedulable=not reasons,
+        unschedulable_reason="; ".join(reasons),
+        labels=tuple(sorted(labels.items())),
+    )
+
+
+def _container_gpus(c: Mapping[str, Any]) -> int:
+    res = c.get("resources") or {}
+    req = (res.get("requests") or {}).get(GPU_RESOURCE)
+    if req is None:
+        req = (res.get("limits") or {}).get(GPU_RESOURCE)
+    return parse_count(req)
+
+
+def pod_gpus(pod: Mapping[str, Any]) -> int:
+    """Effective nvidia.com/gpu request of a pod (the scheduler's rule, see module doc)."""
+    spec = pod.get("spec") or {}
+    app = sum(_container_gpus(c) for c in spec.get("containers") or [])
+    inits = spec.get("initContainers") or []
+    sidecars = sum(_container_gpus(c) for c in inits if c.get("restartPolicy") == "Always")
+    plain_init = max((_container_gpus(c) for c in inits if c.get("restartPolicy") != "Always"), default=0)
+    return max(app + sidecars, plain_init)
+
+
+def pod_gpu_usage(pod: Mapping[str, Any]) -> tuple[str, int] | None:
+    """(node name, GPUs) a pod holds or reserves, or None when it holds none."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    spec = pod.get("spec") or {}
+    node = spec.get("nodeName") or ((pod.get("metadata") or {}).get("annotations") or {}).get(
+        ASSIGNED_NODE_ANNOTATION
+    )
+    if not node:
+        return None
+    gpus = pod_gpus(pod)
+    return (node, gpus) if gpus > 0 else None
+
+
+@dataclass(frozen=True)
+class NodeState:
+    info: NodeInfo
+    used_gpus: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def free_gpus(self) -> int:
+        return max(0, self.info.gpus - self.used_gpus)
+
+
+@dataclass(frozen=True)
+class Domain:
+    """One NVLink domain: the GPUs a TP/EP group may span.
+
+    `match_labels` are node labels that select exactly this domain's nodes (used
+    for node affinity): the clique label (plus zone/product when a clique was
+    split) or the node's hostname.
+    """
+
+    name: str
+    kind: str                                 # "clique" | "node"
+    nodes: tuple[str, ...]
+    product: str
+    gpus_per_node: int
+    total_gpus: int
+    free_gpus: int
+    zone: str
+    nvlink: bool
+    match_labels: tuple[tuple[str, str], ...]
+    gpu_memory_mib: int = 0
+    family: str = ""
+
+    @property
+    def nvlink_gpus(self) -> int:
+        """GPUs that reach each other over NVLink (1 on PCIe-only products)."""
+        return self.total_gpus if self.nvlink else 1
+
+    @property
+    def multi_node(self) -> bool:
+        return len(self.nodes) > 1
+
+
+@dataclass(frozen=True)
+class Topology:
+    nodes: Mapping[str, NodeState] = field(default_factory=dict)     # schedulable GPU nodes
+    domains: tuple[Domain, ...] = ()
+    excluded: tuple[tuple[str, str], ...] = ()                       # (node, reason)
+
+    def domain(self, name: str) -> Domain:
+        for d in self.domains:
+            if d.name == name:
+                return d
+        raise KeyError(f"no NVLink domain {name!r}")
+
+    def domain_of(self, node: str) -> Domain | None:
+        for d in self.domains:
+            if node in d.nodes:
+                return d
+        return None
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(d.total_gpus for d in self.domains)
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(d.free_gpus for d in self.domains)
+
+    def free_gpus_by_domain(self) -> dict[str, int]:
+        return {d.name: d.free_gpus for d in self.domains}
+
+    def with_usage(self, usage: Iterable[tuple[str, int]]) -> "Topology":
+        """A copy with extra GPUs used (e.g. what a placement just took)."""
+        used: dict[str, int] = defaultdict(int)
+        for n, s in self.nodes.items():
+            used[n] += s.used_gpus
+        for n, g in usage:
+            used[n] += g
+        infos = [s.info for s in self.nodes.values()]
+        topo = build_topology_from_infos(infos, used.items())
+        return Topology(nodes=topo.nodes, domains=topo.domains, excluded=self.excluded)
+
+    def to_fleet(self, product: str | None = None, free_only: bool = True) -> dict[str, Any]:
+        """The GPU budget as the planner sees it: per product the GPUs and NVLink domains.
+
+        Returns `{product: {"gpus": n, "gpus_per_node": g, "domains": [free or total
+        GPUs per domain, largest first], "nvlink": bool}}`; `product` restricts it
+        to one product. A thin adapter: the planner's fleet type is built from it.
+        """
+        out: dict[str, dict[str, Any]] = {}
+        for d in self.domains:
+            if product and d.product != product:
+                continue
+            e = out.setdefault(d.product, {"gpus": 0, "gpus_per_node": d.gpus_per_node, "domains": [],
+                                           "nvlink": d.nvlink})
+            n = d.free_gpus if free_only else d.total_gpus
+            e["gpus"] += n
+            e["gpus_per_node"] = max(e["gpus_per_node"], d.gpus_per_node)
+            e["domains"].append(n)
+        for e in out.values():
+            e["domains"].sort(reverse=True)
+        return out
+
+
+def build_topology_from_infos(
+    infos: Iterable[NodeInfo],
+    usage: Iterable[tuple[str, int]] | Mapping[str, int] = (),
+) -> Topology:
+    """Topology from NodeInfos and (node, GPUs used) pairs (summed per node)."""
+    used: dict[str, int] = defaultdict(int)
+    for n, g in (usage.items() if isinstance(usage, Mapping) else usage):
+        used[n] += int(g)
+    nodes: dict[str, NodeState] = {}
+    excluded: list[tuple[str, str]] = []
+    for info in sorted(infos, key=lambda i: i.name):
+        if info.schedulable:
+            nodes[info.name] = NodeState(info, used.get(info.name, 0))
+        else:
+            excluded.append((info.name, info.unschedulable_reason))
+
+    groups: dict[tuple, list[NodeState]] = defaultdict(list)
+    for s in nodes.values():
+        i = s.info
+        key = ("clique", i.clique, i.zone, i.product) if i.clique else ("node", i.name, i.zone, i.product)
+        groups[key].append(s)
+    # Cliques split by zone/product get a qualified name and extra match labels.
+    clique_keys: dict[str, int] = defaultdict(int)
+    for k in groups:
+        if k[0] == "clique":
+            clique_keys[k[1]] += 1
+
+    domains = []
+    for key, members in groups.items():
+        kind, ident, zone, product = key
+        first = members[0].info
+        if kind == "clique":
+            split = clique_keys[ident] > 1
+            name = f"{ident}/{zone}/{product}" if split else ident
+            match = [(LABEL_CLIQUE, ident)]
+            if split:
+                match += [(LABEL_ZONE, zone), (LABEL_PRODUCT, product)]
+        else:
+            name = ident
+            match = [(LABEL_HOSTNAME, first.hostname)]
+        domains.append(Domain(
+            name=name,
+            kind=kind,
+            nodes=tuple(m.name for m in members),
+            product=product,
+            gpus_per_node=max(m.info.gpus for m in members),
+            total_gpus=sum(m.info.gpus for m in members),
+            free_gpus=sum(m.free_gpus for m in members),
+            zone=zone,
+            nvlink=first.nvlink,
+            match_labels=tuple(match),
+            gpu_memory_mib=first.gpu_memory_mib,
+            family=first.family,
+        ))
+    domains.sort(key=lambda d: d.name)
+    return Topology(nodes=nodes, domains=tuple(domains), excluded=tuple(excluded))
+
+
+def build_topology(
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]] = (),
+    tolerations: Sequence[Mapping[str, Any]] = DEFAULT_TOLERATIONS,
+    ignore_pod: Callable[[Mapping[str, Any]], bool] | None = None,
+    ready_if_unknown: bool = False,
+) -> Topology:
+    """Topology from Node and Pod objects.
+
+    `ignore_pod(pod) -> True` leaves a pod's GPUs out: pass the deployment's own
+    pods when re-placing it, so its running replicas can keep their place.
+    """
+    infos = [i for i in (node_info(n, tolerations, ready_if_unknown) for n in nodes) if i is not None]
+    usage = []
+    for p in pods:
+        if ignore_pod is not None and ignore_pod(p):
+            continue
+        u = pod_gpu_usage(p)
+        if u is not None:
+            usage.append(u)
+    return build_topology_from_infos(infos, usage)

@@ -1,0 +1,147 @@
+"""Topology from Node/Pod dicts: capacity, exclusions, NVLink domains."""
+
+from __future__ import annotations
+
+from _gpu_nodes import gb200_nvl72, gpu_node, gpu_pod, hgx_h100, l40s
+
+from meshplan.topology import (
+    ASSIGNED_NODE_ANNOTATION,
+    build_topology,
+    build_topology_from_infos,
+    node_info,
+    pod_gpu_usage,
+    pod_gpus,
+)
+
+
+def test_free_gpus_subtract_requests_of_bound_unfinished_pods():
+    nodes = hgx_h100(2)
+    pods = [
+        gpu_pod("a", "hgx-0", 4),
+        gpu_pod("b", "hgx-0", 2, use_request=False),     # limit only counts too
+        gpu_pod("done", "hgx-0", 8, phase="Succeeded"),  # finished: frees its GPUs
+        gpu_pod("failed", "hgx-1", 8, phase="Failed"),
+        gpu_pod("pending", None, 8, phase="Pending"),    # not bound: holds nothing
+    ]
+    topo = build_topology(nodes, pods)
+    assert topo.nodes["hgx-0"].free_gpus == 2
+    assert topo.nodes["hgx-1"].free_gpus == 8
+    assert topo.free_gpus_by_domain() == {"hgx-0": 2, "hgx-1": 8}
+    assert topo.total_gpus == 16 and topo.free_gpus == 10
+
+
+def test_gated_pod_with_assigned_node_reserves_gpus():
+    pod = gpu_pod("gated", None, 4, phase="Pending", annotations={ASSIGNED_NODE_ANNOTATION: "hgx-1"})
+    assert pod_gpu_usage(pod) == ("hgx-1", 4)
+    topo = build_topology(hgx_h100(2), [pod])
+    assert topo.nodes["hgx-1"].free_gpus == 4
+
+
+def test_ignore_pod_leaves_own_pods_out():
+    pods = [gpu_pod("mine", "hgx-0", 8, labels={"meshplan.dev/deployment": "x"}), gpu_pod("other", "hgx-0", 0)]
+    topo = build_topology(hgx_h100(1), pods,
+                          ignore_pod=lambda p: p["metadata"]["labels"].get("meshplan.dev/deployment") == "x")
+    assert topo.nodes["hgx-0"].free_gpus == 8
+
+
+def test_init_and_sidecar_containers_follow_effective_request_rule():
+    pod = gpu_pod("p", "hgx-0", 2)
+    pod["spec"]["initContainers"] = [
+        {"name": "init", "resources": {"limits": {"nvidia.com/gpu": "4"}}},
+        {"name": "sidecar", "restartPolicy": "Always", "resources": {"requests": {"nvidia.com/gpu": "1"}}},
+    ]
+    assert pod_gpus(pod) == 4          # max(2 + 1, 4)
+    pod["spec"]["initContainers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    assert pod_gpus(pod) == 3
+
+
+def test_unschedulable_notready_and_tainted_nodes_are_not_capacity():
+    nodes = [
+        gpu_node("ok"),
+        gpu_node("cordoned", unschedulable=True),
+        gpu_node("notready", ready=False),
+        gpu_node("noready", ready=None),
+        gpu_node("tainted", taints=[{"key": "maintenance", "value": "true", "effect": "NoSchedule"}]),
+        gpu_node("evicting", taints=[{"key": "x", "effect": "NoExecute"}]),
+        gpu_node("preferred", taints=[{"key": "soft", "effect": "PreferNoSchedule"}]),
+        gpu_node("gputaint", taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]),
+    ]
+    topo = build_topology(nodes)
+    assert sorted(topo.nodes) == ["gputaint", "ok", "preferred"]
+    reasons = dict(topo.excluded)
+    assert "cordoned" in reasons["cordoned"]
+    assert reasons["notready"] == "NotReady"
+    assert "no Ready condition" in reasons["noready"]
+    assert "maintenance" in reasons["tainted"]
+    assert "NoExecute" in reasons["evicting"]
+    assert topo.total_gpus == 24
+
+
+def test_caller_tolerations_admit_tainted_node_and_ready_if_unknown():
+    tainted = gpu_node("t", taints=[{"key": "dedicated", "value": "llm", "effect": "NoSchedule"}], ready=None)
+    assert not node_info(tainted).schedulable
+    tol = [{"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}]
+    assert node_info(tainted, tolerations=tol, ready_if_unknown=True).schedulable
+    wrong = [{"key": "dedicated", "operator": "Equal", "value": "other"}]
+    assert not node_info(tainted, tolerations=wrong, ready_if_unknown=True).schedulable
+
+
+def test_node_without_gpus_is_ignored():
+    cpu = gpu_node("cpu")
+    cpu["status"]["allocatable"].pop("nvidia.com/gpu")
+    assert node_info(cpu) is None
+    assert build_topology([cpu]).domains == ()
+
+
+def test_hgx_nodes_are_one_domain_each_with_nvlink():
+    topo = build_topology(hgx_h100(3))
+    assert [d.name for d in topo.domains] == ["hgx-0", "hgx-1", "hgx-2"]
+    d = topo.domain("hgx-1")
+    assert (d.kind, d.nodes, d.total_gpus, d.nvlink, d.nvlink_gpus) == ("node", ("hgx-1",), 8, True, 8)
+    assert d.match_labels == (("kubernetes.io/hostname", "hgx-1"),)
+
+
+def test_clique_groups_nodes_into_one_multi_node_domain():
+    nodes = gb200_nvl72(racks=2, nodes_per_rack=18)
+    pods = [gpu_pod("p", "nvl72-1-03", 4)]
+    topo = build_topology(nodes, pods)
+    assert len(topo.domains) == 2
+    rack2 = topo.domain_of("nvl72-1-03")
+    assert rack2.kind == "clique" and rack2.multi_node
+    assert rack2.total_gpus == 72 and rack2.free_gpus == 68 and rack2.gpus_per_node == 4
+    assert rack2.nvlink_gpus == 72
+    assert rack2.match_labels == (("nvidia.com/gpu.clique", rack2.name),)
+
+
+def test_clique_split_when_zone_differs():
+    nodes = [gpu_node("a", "NVIDIA-GB200", 4, zone="z1", clique="c.1"),
+             gpu_node("b", "NVIDIA-GB200", 4, zone="z2", clique="c.1")]
+    topo = build_topology(nodes)
+    assert len(topo.domains) == 2
+    assert all(d.zone in d.name for d in topo.domains)
+    assert all(("topology.kubernetes.io/zone", d.zone) in d.match_labels for d in topo.domains)
+
+
+def test_pcie_node_is_a_domain_without_nvlink():
+    topo = build_topology(l40s(2, gpus=4))
+    d = topo.domain("l40s-0")
+    assert not d.nvlink and d.total_gpus == 4 and d.nvlink_gpus == 1
+
+
+def test_incremental_build_matches_full_build():
+    nodes = hgx_h100(2) + gb200_nvl72(1, 4)
+    pods = [gpu_pod("a", "hgx-1", 3), gpu_pod("b", "nvl72-0-02", 4), gpu_pod("c", "hgx-1", 1)]
+    full = build_topology(nodes, pods)
+    infos = [node_info(n) for n in nodes]
+    usage = [pod_gpu_usage(p) for p in pods]
+    assert build_topology_from_infos(infos, usage) == full
+
+
+def test_with_usage_and_to_fleet():
+    topo = build_topology(hgx_h100(2) + l40s(1))
+    after = topo.with_usage([("hgx-0", 8), ("l40s-0", 1)])
+    assert after.free_gpus_by_domain() == {"hgx-0": 0, "hgx-1": 8, "l40s-0": 3}
+    fleet = after.to_fleet()
+    assert fleet["NVIDIA-H100-80GB-HBM3"] == {"gpus": 8, "gpus_per_node": 8, "domains": [8, 0], "nvlink": True}
+    assert fleet["NVIDIA-L40S"]["nvlink"] is False
+    assert after.to_fleet(free_only=False)["NVIDIA-H100-80GB-HBM3"]["gpus"] == 16
