@@ -52,7 +52,9 @@ Dtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "fp4"]
 DtypeOrAuto = Literal["auto", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
 EngineKind = Literal["vllm", "sglang", "trtllm"]
 Objective = Literal["maxThroughput", "bestInteractivity", "balanced", "minCostWithinSLO"]
-AutoOnOff = Literal["auto", "on", "off"]
+# Not on/off: YAML 1.1 (PyYAML, and kubectl's sigs.k8s.io/yaml) reads unquoted
+# on/off as booleans, so `cudaGraphs: off` would arrive as false and be refused.
+AutoOnOff = Literal["auto", "enabled", "disabled"]
 Percentile = Literal[50, 90, 95, 99]
 Transport = Literal["auto", "nvlink", "infiniband", "roce", "efa", "tcp"]
 ConditionType = Literal["Planned", "Placed", "Available", "Progressing", "Degraded", "ScalingLimited"]
@@ -184,6 +186,12 @@ def _auto_or_int(what: str, maximum: int, minimum: int = 1):
 
 def _str(description: str, max_length: int, pattern: str | None = None, **kw) -> Any:
     return Field(description=description, max_length=max_length, pattern=pattern, **kw)
+
+
+def _section(cls: type, description: str) -> Any:
+    """A sub-object that is always present: `{}` by default, so the API server
+    (which applies nested defaults inside a defaulted object) and pydantic agree."""
+    return Field(default_factory=cls, description=description, json_schema_extra={"default": {}})
 
 
 def pinned(value: int | str | None) -> int | None:
@@ -364,7 +372,7 @@ class ModelSpec(ApiModel):
 
     name: str = _str(
         "Model name. Without `architecture` it must be a meshplan catalogue entry (e.g. llama-3.1-8b, "
-        "llama-3.1-70b, mixtral-8x7b, deepseek-r1; `meshplan plan --list-models` lists them). With "
+        "llama-3.1-70b, mixtral-8x7b, deepseek-r1, gpt-moe-1.8t: see meshplan.catalog.models). With "
         "`architecture` it is a free label for this model.",
         128, r"^[a-zA-Z0-9][a-zA-Z0-9._-]*$",
     )
@@ -495,13 +503,13 @@ class EngineSpec(ApiModel):
     )
     expert_load_balancing: AutoOnOff = Field(
         default="auto",
-        description="Expert-parallel load balancing (redundant hot experts): auto turns it on when the plan uses "
+        description="Expert-parallel load balancing (redundant hot experts): auto enables it when the plan uses "
         "expert parallelism over more than one GPU; ignored for dense models.",
     )
     cuda_graphs: AutoOnOff = Field(
         default="auto",
         description="CUDA graph capture for decode: auto lets the engine decide (on for its default batch sizes); "
-        "off trades decode speed for start-up time and memory.",
+        "disabled trades decode speed for start-up time and memory.",
     )
     extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=list,
@@ -729,7 +737,7 @@ class AutoscalingSpec(ApiModel):
     )
     max_step_up: int = Field(default=4, ge=1, le=1000, description="Most replicas added in one decision.")
     max_step_down: int = Field(default=1, ge=1, le=1000, description="Most replicas removed in one decision.")
-    metrics: MetricNames = Field(default_factory=MetricNames, description="Metric name overrides.")
+    metrics: MetricNames = _section(MetricNames, description="Metric name overrides.")
 
     RULES = (
         Rule(
@@ -818,9 +826,9 @@ class LLMDeploymentSpec(ApiModel):
     """Desired state of one LLM inference service. meshplan never writes spec."""
 
     model: ModelSpec = Field(description="The model to serve.")
-    precision: Precision = Field(default_factory=Precision, description="Weight and KV-cache dtypes.")
-    engine: EngineSpec = Field(default_factory=EngineSpec, description="Inference engine and serving features.")
-    workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="Traffic to plan for.")
+    precision: Precision = _section(Precision, description="Weight and KV-cache dtypes.")
+    engine: EngineSpec = _section(EngineSpec, description="Inference engine and serving features.")
+    workload: WorkloadSpec = _section(WorkloadSpec, description="Traffic to plan for.")
     slo: SLOSpec | None = Field(
         default=None, description="Latency targets. Required by objective minCostWithinSLO and by autoscaling."
     )
@@ -830,17 +838,17 @@ class LLMDeploymentSpec(ApiModel):
         "per GPU), bestInteractivity (tokens/s per user), balanced (knee of the frontier within the SLO), "
         "minCostWithinSLO (fewest GPUs that meet the SLO).",
     )
-    parallelism: ParallelismSpec = Field(
-        default_factory=ParallelismSpec, description="Tensor/expert/pipeline sizes and batch knobs, auto or pinned."
+    parallelism: ParallelismSpec = _section(
+        ParallelismSpec, description="Tensor/expert/pipeline sizes and batch knobs, auto or pinned."
     )
-    gpus: GpusSpec = Field(default_factory=GpusSpec, description="Which GPUs, and how many at most.")
+    gpus: GpusSpec = _section(GpusSpec, description="Which GPUs, and how many at most.")
     replicas: int = Field(
         default=1, ge=0, le=10000,
         description="Data-parallel replicas (each a full TP x EP x PP group). Target of the scale subresource; "
         "ignored beyond the starting point while autoscaling.enabled is true.",
     )
-    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="SLO-driven replica autoscaling.")
-    nccl: NcclSpec = Field(default_factory=NcclSpec, description="NCCL transport and environment.")
+    autoscaling: AutoscalingSpec = _section(AutoscalingSpec, description="SLO-driven replica autoscaling.")
+    nccl: NcclSpec = _section(NcclSpec, description="NCCL transport and environment.")
 
     RULES = (
         Rule(
