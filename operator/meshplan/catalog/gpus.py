@@ -63,10 +63,11 @@ class GpuSpec:
     def compute_dtype(self, dtype: str) -> str:
         """The dtype a GEMM with `dtype` weights actually runs at on this GPU.
 
-        FP4/INT4 weights without FP4 tensor cores run as weight-only kernels
-        (dequantise to FP8/BF16), FP8 without FP8 cores runs at BF16.
+        FP4 weights without FP4 tensor cores, and INT4 weights always (AWQ/GPTQ,
+        Marlin), run as weight-only kernels that dequantise to BF16; FP8 without
+        FP8 cores runs at BF16.
         """
-        for d in {"fp4": ("fp4", "fp8", "bf16"), "int4": ("int4", "fp8", "bf16"),
+        for d in {"fp4": ("fp4", "bf16"), "int4": ("bf16",),
                   "fp8": ("fp8", "bf16"), "int8": ("int8", "bf16"),
                   "fp16": ("fp16", "bf16"), "bf16": ("bf16", "fp16")}.get(dtype, (dtype,)):
             if d in self.tflops:

@@ -1,0 +1,172 @@
+"""Accuracy of the performance model by leave-one-model-out cross-validation.
+
+For each model architecture in the calibration CSV (quantised re-releases such
+as nvidia/Llama-3.1-8B-Instruct-FP8 count as their base model), fit the global
+parameters on the OTHER models' rows and predict the held-out model's rows.
+Prints per model and overall (pooled over all held-out predictions):
+
+- TPOT median absolute relative error and Spearman rank correlation,
+- TTFT median absolute relative error and bias (median signed relative error),
+- share of rows predicted (an unpredictable row says why).
+
+Usage (from the repository root):
+
+    python benchmarks/accuracy.py                 # leave-one-model-out
+    python benchmarks/accuracy.py --fit           # fit on all rows, print FITTED_PARAMS
+    python benchmarks/accuracy.py --no-refit      # evaluate the committed FITTED_PARAMS
+
+The data defaults to ../shared/data/calibration (override with --data DIR or
+$MESHPLAN_CALIBRATION_DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from meshplan.planner import calibration as cal
+
+
+def family(model_path: str) -> str:
+    """Architecture key: org dropped, quantisation / instruct suffixes dropped."""
+    name = model_path.split("/")[-1].lower()
+    return re.sub(r"(-instruct|-fp8|-nvfp4|-fp4|-awq|-gptq)+$", "", name)
+
+
+def _ranks(xs: list[float]) -> list[float]:
+    order = sorted(range(len(xs)), key=xs.__getitem__)
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2.0
+        i = j + 1
+    return ranks
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    if len(a) < 3:
+        return float("nan")
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va = math.sqrt(sum((x - ma) ** 2 for x in ra))
+    vb = math.sqrt(sum((y - mb) ** 2 for y in rb))
+    return cov / (va * vb) if va and vb else float("nan")
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    if not n:
+        return float("nan")
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def summarise(label: str, results: list[tuple], total_rows: int) -> dict:
+    """results: (scenario, pred_ttft, pred_tpot)."""
+    tp_err = [abs(p / s.measured_tpot_ms - 1) for s, _, p in results if s.measured_tpot_ms]
+    tp_pred = [p for s, _, p in results if s.measured_tpot_ms]
+    tp_meas = [s.measured_tpot_ms for s, _, p in results if s.measured_tpot_ms]
+    tt = [(t / s.measured_ttft_ms - 1) for s, t, _ in results if s.measured_ttft_ms]
+    out = {
+        "rows": total_rows,
+        "predicted": len(results) / total_rows if total_rows else float("nan"),
+        "tpot_mape_median": median(tp_err),
+        "tpot_spearman": spearman(tp_pred, tp_meas),
+        "ttft_err_median": median([abs(x) for x in tt]),
+        "ttft_bias_median": median(tt),
+    }
+    print(f"{label:<24} rows {total_rows:5d}  predicted {out['predicted']:6.1%}  "
+          f"TPOT med|err| {out['tpot_mape_median']:6.1%}  Spearman {out['tpot_spearman']:5.3f}  "
+          f"TTFT med|err| {out['ttft_err_median']:6.1%}  bias {out['ttft_bias_median']:+6.1%}")
+    return out
+
+
+def predict_all(items, params) -> tuple[list, list]:
+    ok, failed = [], []
+    for row, sc, err in items:
+        if sc is None:
+            failed.append((row, err))
+            continue
+        try:
+            ttft, tpot = cal.predict_scenario(sc, params)
+        except (ValueError, ZeroDivisionError, OverflowError) as exc:
+            failed.append((row, str(exc)))
+            continue
+        ok.append((sc, ttft, tpot))
+    return ok, failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=None, help="calibration dir (default ../shared/data/calibration)")
+    ap.add_argument("--fit", action="store_true", help="fit on all rows and print the parameters")
+    ap.add_argument("--no-refit", action="store_true", help="evaluate the committed FITTED_PARAMS as they are")
+    ap.add_argument("--iters", type=int, default=300, help="Nelder-Mead iterations per fit")
+    ap.add_argument("--mode", choices=("agg", "disagg", "all"), default="all")
+    ap.add_argument("--show-failures", action="store_true")
+    args = ap.parse_args(argv)
+    data = args.data or cal.default_data_dir()
+    csv_path = data / "silicon_calibration.csv"
+    if not csv_path.exists():
+        print(f"calibration data not found at {csv_path}; pass --data DIR", file=sys.stderr)
+        return 2
+    modes = ("agg", "disagg") if args.mode == "all" else (args.mode,)
+    items = cal.load_scenarios(csv_path, data / "model_configs", modes=modes)
+    fit_items = [(r, s, e) for r, s, e in items if s is not None]
+    t0 = time.time()
+
+    if args.fit:
+        params = cal.fit([s for _, s, _ in fit_items], iters=args.iters)
+        print("FITTED_PARAMS = PerfParams(" + ", ".join(
+            f"{n}={getattr(params, n):.4g}" for n in cal.FIT_NAMES) + ")")
+        ok, failed = predict_all(items, params)
+        summarise("in-sample (all)", ok, len(items))
+        print(f"fit took {time.time() - t0:.1f} s")
+        return 0
+
+    groups: dict[str, list] = defaultdict(list)
+    for it in items:
+        groups[family(it[0].get("model_path", ""))].append(it)
+    pooled: list = []
+    pooled_failed: list = []
+    per_model = {}
+    for fam in sorted(groups):
+        held = groups[fam]
+        if args.no_refit:
+            params = cal.FITTED_PARAMS
+        else:
+            train = [s for f2, its in groups.items() if f2 != fam for _, s, _ in its if s is not None]
+            params = cal.fit(train, iters=args.iters)
+        ok, failed = predict_all(held, params)
+        per_model[fam] = summarise(fam, ok, len(held))
+        pooled += ok
+        pooled_failed += failed
+    print("-" * 140)
+    summarise("ALL (held-out pooled)", pooled, len(items))
+    agg = [x for x in pooled if x[0].mapping is not None]
+    n_agg = sum(1 for r, _, _ in items if (r.get("mode") or "agg") == "agg")
+    if agg and n_agg != len(items):
+        summarise("agg rows only", agg, n_agg)
+        dis = [x for x in pooled if x[0].mapping is None]
+        summarise("disagg rows only", dis, len(items) - n_agg)
+    reasons = defaultdict(int)
+    for _, err in pooled_failed:
+        reasons[err.split(":")[0][:90]] += 1
+    for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        print(f"  not predicted: {n:4d} x {why}")
+    print(f"took {time.time() - t0:.1f} s{' (no refit)' if args.no_refit else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,315 @@
+"""Calibration: the measured-run scenarios, their prediction, and the fitted global efficiencies.
+
+The performance model (`meshplan.planner.perf`) has a handful of GLOBAL
+physical parameters (`PerfParams`): GEMM and HBM efficiencies, an MoE
+grouped-GEMM factor, per-layer and per-iteration fixed costs, collective
+efficiency and latency, and the arrival-wave share of TTFT. planner.md reports
+that ~9 global parameters generalised best under leave-one-model-out, and
+per-GPU-family x engine factors overfit; we keep it that way: nothing here
+depends on the model, GPU family or engine.
+
+Fitting: minimise the mean absolute log error of TPOT plus half that of TTFT
+over the aggregated rows of `silicon_calibration.csv`, by Nelder-Mead in the
+log of each parameter (pure Python; no scipy), starting from `PerfParams()`'s
+physical guesses and clamping efficiencies to (0, 1].
+
+`FITTED_PARAMS` below was produced by
+
+    python benchmarks/accuracy.py --fit
+
+on ../shared/data/calibration/silicon_calibration.csv (all models); the
+leave-one-model-out figures of the same procedure are printed by
+`python benchmarks/accuracy.py`.
+
+Scenario rows (the CSV format `meshplan estimate` reads): `model_path`
+(`org/name`, read from `DIR/org--name_config.json`), `system` (GPU), `backend`
+(engine), `gemm_quant_mode`/`moe_quant_mode`/`precision`, `isl`, `osl`,
+`batch_size` (concurrency), `tp_size`, `pp_size`, `attention_dp_size`,
+`moe_tp_size`, `moe_ep_size`; `mode=disagg` rows use the `prefill_*`/`decode_*`
+columns instead.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshplan.catalog.gpus import GpuSpec, get_gpu
+from meshplan.catalog.models import ModelArch, get_model, load_hf_config
+from meshplan.planner import perf
+from meshplan.planner.memory import ReplicaMapping, memory_fit
+from meshplan.planner.perf import PerfParams
+from meshplan.planner.types import Workload
+
+# Fitted by `python benchmarks/accuracy.py --fit` (see module docstring).
+FITTED_PARAMS = PerfParams()
+
+MAX_MEMORY_FRACTION = 0.96             # highest memory fraction we assume an operator set
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def default_data_dir() -> Path:
+    """`$MESHPLAN_CALIBRATION_DIR`, else ../shared/data/calibration next to the repository."""
+    env = os.environ.get("MESHPLAN_CALIBRATION_DIR")
+    return Path(env) if env else REPO_ROOT.parent / "shared" / "data" / "calibration"
+
+
+# ---- scenarios ------------------------------------------------------------------------
+
+_QUANT = {"nvfp4": "fp4", "mxfp4": "fp4", "fp4": "fp4", "fp8": "fp8", "fp8_block": "fp8",
+          "w4a16": "int4", "int4": "int4", "int4_awq": "int4", "w4a8": "int4", "int8": "int8",
+          "bf16": "bf16", "fp16": "fp16", "float16": "fp16", "": "bf16"}
+_ENGINES = {"trtllm": "trtllm", "tensorrt-llm": "trtllm", "tensorrt_llm": "trtllm", "vllm": "vllm",
+            "sglang": "sglang"}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: str
+    model: ModelArch
+    model_key: str                       # the CSV's model_path
+    gpu: GpuSpec
+    engine: str
+    weight_dtype: str
+    kv_dtype: str
+    isl: int
+    osl: int
+    concurrency: int
+    mapping: ReplicaMapping | None = None          # agg
+    prefill: ReplicaMapping | None = None          # disagg
+    decode: ReplicaMapping | None = None
+    prefill_workers: int = 0
+    decode_workers: int = 0
+    prefill_batch: int = 1
+    measured_ttft_ms: float | None = None
+    measured_tpot_ms: float | None = None
+
+
+def _int(v, default: int = 1) -> int:
+    try:
+        x = int(float(v))
+    except (TypeError, ValueError):
+        return default
+    return x if x > 0 else default
+
+
+def _float(v) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if x > 0 and math.isfinite(x) else None
+
+
+def _source_concurrency(row: dict) -> int:
+    m = re.search(r"silicon_concurrency=(\d+)", row.get("silicon_data_source") or "")
+    return int(m.group(1)) if m else 0
+
+
+def _mapping(row: dict, prefix: str = "") -> ReplicaMapping:
+    tp = _int(row.get(prefix + "tp_size"))
+    adp = _int(row.get(prefix + "attention_dp_size"))
+    mtp = _int(row.get(prefix + "moe_tp_size"))
+    mep = _int(row.get(prefix + "moe_ep_size"))
+    pp = _int(row.get(prefix + "pp_size"))
+    attn = tp * adp
+    moe = mtp * mep
+    if moe != attn:
+        # dense models or unset MoE fields: experts follow attention's GPUs
+        if moe == 1:
+            mtp, mep = tp, adp
+        elif attn == 1:
+            tp = moe
+    return ReplicaMapping(attn_tp=tp, attn_dp=adp, moe_tp=mtp, moe_ep=mep, pp=pp)
+
+
+_MODEL_CACHE: dict[tuple[str, str], ModelArch] = {}
+
+
+def load_model(model_path: str, configs_dir: str | Path | None) -> ModelArch:
+    """`org/name` -> ModelArch from `configs_dir/org--name_config.json`, else the catalogue."""
+    key = (model_path, str(configs_dir))
+    if key in _MODEL_CACHE:
+        return _MODEL_CACHE[key]
+    arch = None
+    if configs_dir:
+        f = Path(configs_dir) / (model_path.replace("/", "--") + "_config.json")
+        if f.exists():
+            arch = load_hf_config(f, name=model_path)
+    if arch is None:
+        try:
+            arch = get_model(model_path)
+        except KeyError:
+            raise KeyError(f"no config for model_path {model_path!r}: expected "
+                           f"{Path(configs_dir or '.') / (model_path.replace('/', '--') + '_config.json')}")
+    _MODEL_CACHE[key] = arch
+    return arch
+
+
+def scenario_from_row(row: dict, configs_dir: str | Path | None) -> Scenario:
+    """Parse one CSV row; raises ValueError/KeyError with the reason it cannot be predicted."""
+    model_path = (row.get("model_path") or "").strip()
+    if not model_path:
+        raise ValueError("model_path is empty")
+    model = load_model(model_path, configs_dir)
+    gpu = get_gpu(row.get("system") or "")
+    engine = _ENGINES.get((row.get("backend") or "").strip().lower())
+    if engine is None:
+        raise ValueError(f"backend {row.get('backend')!r} unknown; expected trtllm, vllm or sglang")
+    gq = (row.get("gemm_quant_mode") or row.get("precision") or "").strip().lower()
+    mq = (row.get("moe_quant_mode") or gq).strip().lower()
+    q = mq if model.is_moe else gq
+    if q not in _QUANT:
+        raise ValueError(f"quant mode {q!r} unknown; expected one of {sorted(k for k in _QUANT if k)}")
+    wd = _QUANT[q]
+    if wd == "bf16" and model.native_dtype in ("fp8", "fp4"):
+        wd = model.native_dtype
+    kv = "fp8" if wd in ("fp8", "fp4") and gpu.supports("fp8") else "bf16"
+    isl, osl = _int(row.get("isl"), 0), _int(row.get("osl"), 0)
+    if isl <= 0 or osl <= 0:
+        raise ValueError("isl and osl must be positive integers")
+    mode = (row.get("mode") or "agg").strip().lower()
+    common = dict(id=row.get("id", ""), model=model, model_key=model_path, gpu=gpu, engine=engine,
+                  weight_dtype=wd, kv_dtype=kv, isl=isl, osl=osl,
+                  measured_ttft_ms=_float(row.get("silicon_ttft_ms")),
+                  measured_tpot_ms=_float(row.get("silicon_tpot_ms")))
+    if mode == "disagg":
+        dec = _mapping(row, "decode_")
+        pre = _mapping(row, "prefill_")
+        dw = _int(row.get("decode_num_workers"))
+        pw = _int(row.get("prefill_num_workers"))
+        dbs = _int(row.get("decode_batch_size"), 0)
+        conc = _int(row.get("batch_size"), 0) or dbs * dw * dec.attn_dp or _source_concurrency(row)
+        if conc <= 0:
+            raise ValueError("disagg row gives no concurrency (batch_size, decode_batch_size or "
+                             "silicon_concurrency= in silicon_data_source)")
+        return Scenario(**common, concurrency=conc, prefill=pre, decode=dec, prefill_workers=pw,
+                        decode_workers=dw, prefill_batch=_int(row.get("prefill_batch_size")))
+    conc = _int(row.get("batch_size"), 0)
+    if conc <= 0:
+        raise ValueError("batch_size (concurrency) is empty")
+    return Scenario(**common, concurrency=conc, mapping=_mapping(row))
+
+
+def predict_scenario(sc: Scenario, params: PerfParams | None = None) -> tuple[float, float]:
+    """(ttft_ms, tpot_ms) predicted for one scenario."""
+    q = params or FITTED_PARAMS
+    wl = Workload(isl=sc.isl, osl=sc.osl, concurrency=sc.concurrency)
+    if sc.mapping is not None:
+        # a measured run did fit: when the default fraction is too small, the operator
+        # must have raised it; try the largest fraction engines accept in practice
+        for fraction in (0.9, MAX_MEMORY_FRACTION):
+            mf = memory_fit(sc.model, sc.gpu, sc.mapping, weight_dtype=sc.weight_dtype, kv_dtype=sc.kv_dtype,
+                            context_tokens=sc.isl + sc.osl,
+                            chunk_size=perf.engine_defaults(sc.engine, sc.gpu)[0],
+                            engine=sc.engine, memory_fraction=fraction)
+            if mf.fits:
+                break
+        if not mf.fits:
+            raise ValueError(f"layout does not fit memory even at memory fraction {MAX_MEMORY_FRACTION}: {mf.reason}")
+        pr = perf.predict(sc.model, sc.gpu, sc.mapping, wl, weight_dtype=sc.weight_dtype,
+                          kv_dtype=sc.kv_dtype, engine=sc.engine, concurrency=sc.concurrency,
+                          memory=mf, params=q)
+        return pr.ttft_ms, pr.tpot_ms
+    pr = perf.predict_disagg(sc.model, sc.gpu, sc.prefill, sc.decode, wl, weight_dtype=sc.weight_dtype,
+                             kv_dtype=sc.kv_dtype, engine=sc.engine, concurrency=sc.concurrency,
+                             prefill_workers=sc.prefill_workers, decode_workers=sc.decode_workers,
+                             prefill_batch=sc.prefill_batch, params=q, memory_fraction=MAX_MEMORY_FRACTION)
+    return pr.ttft_ms, pr.tpot_ms
+
+
+def load_scenarios(csv_path: str | Path, configs_dir: str | Path | None, *, modes=("agg", "disagg")):
+    """[(row, Scenario or None, error)] for every row of a scenarios CSV."""
+    out = []
+    with open(csv_path, newline="") as f:
+        for row in csv.DictReader(f):
+            if (row.get("mode") or "agg").strip().lower() not in modes:
+                continue
+            try:
+                out.append((row, scenario_from_row(row, configs_dir), ""))
+            except (KeyError, ValueError) as exc:
+                out.append((row, None, str(exc).strip("'\"")))
+    return out
+
+
+# ---- fitting --------------------------------------------------------------------------
+
+FIT_NAMES = ("gemm_eff", "mem_eff", "attn_eff", "moe_eff", "layer_us", "iter_ms", "comm_eff", "comm_us", "wave")
+_CAPPED = {"gemm_eff", "mem_eff", "attn_eff", "moe_eff", "comm_eff", "wave"}
+TTFT_WEIGHT = 0.5
+
+
+def _make(x: list[float], base: PerfParams) -> PerfParams:
+    vals = {}
+    for name, lv in zip(FIT_NAMES, x):
+        v = math.exp(lv)
+        if name in _CAPPED:
+            v = min(v, 1.0)
+        vals[name] = v
+    return base.with_values(**vals)
+
+
+def loss(scenarios: list[Scenario], params: PerfParams) -> float:
+    """Mean |log(pred/measured)| of TPOT plus TTFT_WEIGHT x that of TTFT."""
+    total = 0.0
+    n = 0
+    for sc in scenarios:
+        try:
+            ttft, tpot = predict_scenario(sc, params)
+        except (ValueError, ZeroDivisionError, OverflowError):
+            total += 3.0
+            n += 1
+            continue
+        if sc.measured_tpot_ms:
+            total += abs(math.log(tpot / sc.measured_tpot_ms))
+        if sc.measured_ttft_ms:
+            total += TTFT_WEIGHT * abs(math.log(ttft / sc.measured_ttft_ms))
+        n += 1
+    return total / max(n, 1)
+
+
+def nelder_mead(f, x0: list[float], step: float = 0.3, iters: int = 300, tol: float = 1e-5) -> tuple[list[float], float]:
+    """Minimise f over R^n from x0 (standard Nelder-Mead: reflect, expand, contract, shrink)."""
+    n = len(x0)
+    simplex = [list(x0)] + [[x0[j] + (step if j == i else 0.0) for j in range(n)] for i in range(n)]
+    values = [f(x) for x in simplex]
+    for _ in range(iters):
+        order = sorted(range(n + 1), key=values.__getitem__)
+        simplex = [simplex[i] for i in order]
+        values = [values[i] for i in order]
+        if values[-1] - values[0] < tol:
+            break
+        centroid = [sum(p[j] for p in simplex[:-1]) / n for j in range(n)]
+        worst = simplex[-1]
+        xr = [centroid[j] + (centroid[j] - worst[j]) for j in range(n)]
+        fr = f(xr)
+        if fr < values[0]:
+            xe = [centroid[j] + 2.0 * (centroid[j] - worst[j]) for j in range(n)]
+            fe = f(xe)
+            simplex[-1], values[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = xr, fr
+        else:
+            xc = [centroid[j] + 0.5 * (worst[j] - centroid[j]) for j in range(n)]
+            fc = f(xc)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = xc, fc
+            else:
+                best = simplex[0]
+                simplex = [best] + [[best[j] + 0.5 * (p[j] - best[j]) for j in range(n)] for p in simplex[1:]]
+                values = [values[0]] + [f(p) for p in simplex[1:]]
+    i = min(range(n + 1), key=values.__getitem__)
+    return simplex[i], values[i]
+
+
+def fit(scenarios: list[Scenario], base: PerfParams | None = None, iters: int = 300) -> PerfParams:
+    """Fit the global parameters to `scenarios` (see module docstring)."""
+    base = base or PerfParams()
+    x0 = [math.log(getattr(base, n)) for n in FIT_NAMES]
+    best, _ = nelder_mead(lambda x: loss(scenarios, _make(x, base)), x0, iters=iters)
+    return _make(best, base)

@@ -1,0 +1,271 @@
+"""Per-GPU memory fit of one layout: weights, KV cache, activations, runtime.
+
+The formulas (facts and sources in ../shared/docs/planner.md, "Memory"):
+
+- Weights per GPU of the fullest pipeline stage:
+  attention / attention-TP, dense FFN / attention-TP, routed experts /
+  (EP x MoE-TP), shared experts / attention-TP, all of it / PP, plus the
+  embedding and LM head (vocab-parallel over TP; on the first / last stage).
+  Bytes per parameter: bf16/fp16 2, fp8/int8 1, fp4/int4 0.5 plus block
+  scales (NVFP4: one FP8 scale per 16 values = +0.0625 B; INT4 groups of 128
+  with an FP16 scale = +0.0156 B). With 4-bit weights, attention and the
+  embeddings stay at FP8 / BF16 (what NVFP4 and MXFP4 checkpoints ship).
+- KV cache per token per GPU: GQA/MHA `2 * L/PP * ceil(Hkv/TP) * head_dim * B`
+  (KV heads replicate once TP > Hkv); MLA `L/PP * (kv_lora_rank + rope_dim) * B`,
+  not split by TP. Sliding-window layers hold at most `window` tokens per
+  sequence and are charged per sequence, not per token.
+- Activations for one engine step of `chunk_size` tokens:
+  `2 * chunk * hidden * c(TP)` with c = 10/6/5/5 (dense), 22/13/10/10 (MoE) at
+  TP 1/2/4/8 (AIConfigurator's heuristic).
+- Runtime: CUDA context and libraries 3.5 GiB, NCCL buffers 0.4 GiB when the
+  replica spans more than one GPU.
+- Engine semantics: vLLM `--gpu-memory-utilization` and SGLang
+  `--mem-fraction-static` cap everything at a fraction of TOTAL memory;
+  TensorRT-LLM's `kv_cache_free_gpu_mem_fraction` takes a fraction of the memory
+  still FREE after weights, activations and runtime.
+- Headroom: an extra fraction of total memory the planner keeps unused on top
+  of the engine's own fraction (the seeds' "20% headroom" is `memory_fraction`
+  0.9 plus `headroom` 0.1).
+
+A replica with attention data parallelism (the layout's `ep` groups each run
+attention on their own sequences) holds `attn_dp` independent KV caches, so its
+token capacity is the per-GPU capacity times `attn_dp`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from meshplan.catalog.gpus import GpuSpec
+from meshplan.catalog.models import ModelArch
+from meshplan.planner.types import Layout, MemoryFit
+
+GIB = 2**30
+
+# bytes per parameter including block-scale overhead
+WEIGHT_BYTES: dict[str, float] = {
+    "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0,
+    "fp4": 0.5 + 1 / 16,    # NVFP4: FP8 scale per 16 values
+    "int4": 0.5 + 2 / 128,  # AWQ/GPTQ: FP16 scale per group of 128
+}
+KV_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5 + 1 / 16, "int4": 0.5 + 2 / 128}
+
+CUDA_CONTEXT_BYTES = 3.5 * GIB        # CUDA context, cuBLAS/cuDNN workspaces (planner.md "Runtime")
+NCCL_BUFFER_BYTES = 0.4 * GIB          # NCCL communicator buffers, 350-400 MB (planner.md)
+
+_ACT_C_DENSE = {1: 10, 2: 6, 4: 5}
+_ACT_C_MOE = {1: 22, 2: 13, 4: 10}
+
+# dtype order from most to least precise (the accuracy floor compares positions)
+PRECISION_ORDER = ("bf16", "fp8", "fp4", "int4")
+
+
+@dataclass(frozen=True)
+class ReplicaMapping:
+    """How one replica's GPUs are used, richer than `Layout` (TensorRT-LLM's spelling).
+
+    `attn_tp * attn_dp * pp` = `moe_tp * moe_ep * pp` = GPUs of the replica.
+    From a `Layout`: attention TP = tp, attention DP = ep, MoE-TP = tp, EP = ep.
+    """
+
+    attn_tp: int = 1
+    attn_dp: int = 1
+    moe_tp: int = 1
+    moe_ep: int = 1
+    pp: int = 1
+
+    @classmethod
+    def from_layout(cls, layout: Layout) -> "ReplicaMapping":
+        return cls(attn_tp=layout.tp, attn_dp=layout.ep, moe_tp=layout.tp, moe_ep=layout.ep, pp=layout.pp)
+
+    @property
+    def gpus(self) -> int:
+        return max(self.attn_tp * self.attn_dp, self.moe_tp * self.moe_ep) * self.pp
+
+    @property
+    def gpus_per_stage(self) -> int:
+        return max(self.attn_tp * self.attn_dp, self.moe_tp * self.moe_ep)
+
+
+def as_mapping(layout) -> ReplicaMapping:
+    return layout if isinstance(layout, ReplicaMapping) else ReplicaMapping.from_layout(layout)
+
+
+def _attn_dtype(weight_dtype: str) -> str:
+    """4-bit checkpoints keep attention at 8 bits (NVFP4) or 16 bits (MXFP4); we take 8."""
+    return "fp8" if weight_dtype in ("fp4", "int4") else weight_dtype
+
+
+def _embed_dtype(weight_dtype: str) -> str:
+    return "bf16" if weight_dtype in ("fp4", "int4", "fp8", "int8") else weight_dtype
+
+
+def weight_bytes_per_gpu(model: ModelArch, layout, weight_dtype: str) -> float:
+    """Bytes of weights on the fullest GPU of the replica."""
+    m = as_mapping(layout)
+    wb = WEIGHT_BYTES[weight_dtype]
+    ab = WEIGHT_BYTES[_attn_dtype(weight_dtype)]
+    eb = WEIGHT_BYTES[_embed_dtype(weight_dtype)]
+    L = model.num_layers
+    per_layer_attn = model.attn_params_per_layer * ab / m.attn_tp
+    dense = model.dense_ffn_params_per_layer * model.dense_layers * wb / m.attn_tp
+    experts = 0.0
+    if model.is_moe:
+        experts = model.moe_layers * (
+            model.expert_params * model.num_experts * wb / (m.moe_ep * m.moe_tp)
+            + model.shared_expert_params_per_layer * wb / m.attn_tp
+            + model.hidden_size * model.num_experts * 2.0  # router, bf16, replicated
+        )
+    body = (per_layer_attn * L + dense + experts) / m.pp
+    one_table = model.vocab_size * model.hidden_size * eb / m.attn_tp
+    n_tables = 1 if model.tie_word_embeddings else 2
+    emb = one_table * (n_tables if m.pp == 1 else 1)
+    return body + emb
+
+
+def kv_bytes_per_token(model: ModelArch, layout, kv_dtype: str, *, include_sliding: bool = False) -> float:
+    """KV bytes per GPU per token of context, over the GPU's layers (full-attention layers only
+    unless `include_sliding`)."""
+    m = as_mapping(layout)
+    b = KV_BYTES[kv_dtype]
+    layers = model.num_layers if include_sliding else model.num_layers - model.sliding_window_layers
+    layers_per_gpu = math.ceil(layers / m.pp) if layers else 0
+    if model.is_mla:
+        return layers_per_gpu * (model.kv_lora_rank + model.qk_rope_head_dim) * b
+    heads = math.ceil(model.num_kv_heads / m.attn_tp)
+    return 2.0 * layers_per_gpu * heads * model.head_dim * b
+
+
+def sliding_bytes_per_seq(model: ModelArch, layout, kv_dtype: str) -> float:
+    """Fixed KV bytes per sequence per GPU for the sliding-window layers (window tokens each)."""
+    if not model.sliding_window_layers:
+        return 0.0
+    m = as_mapping(layout)
+    heads = math.ceil(model.num_kv_heads / m.attn_tp)
+    layers = math.ceil(model.sliding_window_layers / m.pp)
+    return 2.0 * layers * heads * model.head_dim * KV_BYTES[kv_dtype] * model.sliding_window
+
+
+def activation_bytes(model: ModelArch, layout, chunk_size: int) -> float:
+    m = as_mapping(layout)
+    table = _ACT_C_MOE if model.is_moe else _ACT_C_DENSE
+    c = table.get(m.attn_tp, 10 if model.is_moe else 5)
+    return 2.0 * chunk_size * model.hidden_size * c
+
+
+def runtime_bytes(layout) -> float:
+    m = as_mapping(layout)
+    return CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if m.gpus > 1 else 0.0)
+
+
+def memory_fit(
+    model: ModelArch,
+    gpu: GpuSpec,
+    layout,
+    *,
+    weight_dtype: str,
+    kv_dtype: str,
+    context_tokens: int,
+    chunk_size: int = 8192,
+    max_num_seqs: int = 256,
+    engine: str = "vllm",
+    memory_fraction: float = 0.9,
+    headroom: float = 0.0,
+) -> MemoryFit:
+    """Whether `layout` fits on `gpu`, and how many tokens / sequences of KV cache it holds.
+
+    `context_tokens` is the context one sequence must be able to reach (isl + osl);
+    `max_num_seqs` is reported against but does not change the KV arithmetic.
+    """
+    return _memory_fit(model, gpu, as_mapping(layout), weight_dtype, kv_dtype, int(context_tokens),
+                       int(chunk_size), int(max_num_seqs), engine, float(memory_fraction), float(headroom))
+
+
+@lru_cache(maxsize=65536)
+def _memory_fit(model, gpu, m: ReplicaMapping, weight_dtype, kv_dtype, context_tokens, chunk_size,
+                max_num_seqs, engine, memory_fraction, headroom) -> MemoryFit:
+    if weight_dtype not in WEIGHT_BYTES:
+        raise ValueError(f"weight_dtype must be one of {sorted(WEIGHT_BYTES)}, got {weight_dtype!r}")
+    if kv_dtype not in KV_BYTES:
+        raise ValueError(f"kv_dtype must be one of {sorted(KV_BYTES)}, got {kv_dtype!r}")
+    total = gpu.memory_bytes
+    weights = weight_bytes_per_gpu(model, m, weight_dtype)
+    act = activation_bytes(model, m, chunk_size)
+    runtime = runtime_bytes(m)
+    kv_tok = kv_bytes_per_token(model, m, kv_dtype)
+    sw_seq = sliding_bytes_per_seq(model, m, kv_dtype)
+    fixed = weights + act + runtime
+    if engine == "trtllm":
+        free = total * (1.0 - headroom) - fixed
+        kv_budget = memory_fraction * free
+        usable = fixed + max(kv_budget, 0.0)
+    else:  # vllm, sglang: fraction of total memory
+        usable = total * max(0.0, memory_fraction - headroom)
+        kv_budget = usable - fixed
+    reason = ""
+    if kv_budget <= 0:
+        need = fixed / GIB
+        reason = (f"weights {weights / GIB:.1f} GiB + activations {act / GIB:.1f} GiB + runtime "
+                  f"{runtime / GIB:.1f} GiB = {need:.1f} GiB per GPU exceed the {usable / GIB:.1f} GiB "
+                  f"usable on {gpu.name}; use more TP/EP/PP or a smaller weight dtype")
+        return MemoryFit(False, weights, kv_tok, act, runtime, usable, 0, 0, reason)
+    per_seq_bytes = kv_tok * context_tokens + sw_seq
+    seqs_per_rank = int(kv_budget // per_seq_bytes) if per_seq_bytes > 0 else 10**9
+    tokens_per_rank = int(kv_budget // kv_tok) if kv_tok > 0 else 10**12
+    capacity_tokens = tokens_per_rank * m.attn_dp
+    max_conc = seqs_per_rank * m.attn_dp
+    fits = max_conc >= 1
+    if not fits:
+        reason = (f"KV cache of {kv_budget / GIB:.1f} GiB per GPU cannot hold one sequence of "
+                  f"{context_tokens} tokens ({per_seq_bytes / GIB:.2f} GiB); shorten max_context or "
+                  f"add TP/PP")
+    return MemoryFit(fits, weights, kv_tok, act, runtime, usable, capacity_tokens, max_conc, reason)
+
+
+def min_gpus_for_weights(model: ModelArch, gpu: GpuSpec, weight_dtype: str) -> int:
+    """GPUs needed to hold the weights alone (no KV, no runtime): ceil(total weight bytes / GPU memory)."""
+    total = weight_bytes_per_gpu(model, ReplicaMapping(), weight_dtype)
+    return max(1, math.ceil(total / gpu.memory_bytes))
+
+
+def choose_precision(
+    model: ModelArch,
+    gpu: GpuSpec,
+    *,
+    gpus: int | None = None,
+    accuracy_floor: str = "fp4",
+    weights_share: float = 0.6,
+) -> tuple[str, str]:
+    """(weight_dtype, kv_dtype) for `quantization: auto`.
+
+    Rule: walk bf16 -> fp8 -> fp4 -> int4 and take the first dtype that
+    (1) is not less precise than `accuracy_floor`, (2) the GPU runs natively
+    (fp8 needs FP8 tensor cores, i.e. Hopper/Ada/Blackwell/MI300; fp4 needs
+    Blackwell; int4 is weight-only and allowed anywhere) and (3) keeps the
+    weights within `weights_share` of the memory of `gpus` GPUs (default: one
+    NVLink domain), leaving the rest for KV cache. A checkpoint published in a
+    smaller dtype (DeepSeek FP8, gpt-oss MXFP4) is never up-cast: its native
+    dtype is the starting point. If nothing fits, the smallest allowed dtype is
+    returned and the memory fit will say why. KV cache is fp8 whenever the GPU
+    has FP8 tensor cores and the floor allows, else bf16.
+    """
+    if accuracy_floor not in PRECISION_ORDER:
+        raise ValueError(f"accuracy_floor must be one of {PRECISION_ORDER}, got {accuracy_floor!r}")
+    n = gpus or gpu.nvlink_domain
+    floor = PRECISION_ORDER.index(accuracy_floor)
+    native = model.native_dtype if model.native_dtype in PRECISION_ORDER else "bf16"
+    start = PRECISION_ORDER.index(native)
+    allowed = [d for i, d in enumerate(PRECISION_ORDER) if start <= i <= floor
+               and (d in ("bf16", "int4") or gpu.supports(d))]
+    if not allowed:
+        allowed = [native]
+    budget = weights_share * gpu.memory_bytes * n
+    choice = allowed[-1]
+    for d in allowed:
+        if weight_bytes_per_gpu(model, ReplicaMapping(), d) <= budget:
+            choice = d
+            break
+    kv = "fp8" if gpu.supports("fp8") and floor >= PRECISION_ORDER.index("fp8") else "bf16"
+    return choice, kv

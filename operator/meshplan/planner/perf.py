@@ -1,0 +1,456 @@
+"""Performance model: TTFT, TPOT and throughput of one replica, from physics plus a few
+calibrated global efficiencies.
+
+Algorithm (facts in ../shared/docs/planner.md, "Time" and "Communication"):
+
+1. One engine ITERATION on one pipeline stage processes, per attention rank, `d`
+   decode tokens (one per running sequence) and `p` prefill tokens. Its time is
+   the sum over the stage's layers of
+   - attention projections, dense FFN, shared experts, LM head: roofline
+     `max(flops / (peak * gemm_eff), weight_bytes / (hbm * mem_eff))`;
+   - attention core: decode reads each sequence's KV cache (sliding-window layers
+     at most `window` tokens), prefill is compute (causal, half the square);
+   - routed experts: all attention ranks' tokens meet in the EP group; an EP rank
+     reads only the DISTINCT experts the step touches, `E/ep * (1 - (1 - k/E)^T)`,
+     and computes `T * k / ep` token-experts, scaled by `moe_eff`;
+   - communication: TP all-reduce (ring, 2 per layer), EP dispatch + combine
+     (all-to-all), each over NVLink while the group fits the NVLink domain and
+     the NIC for the share of traffic that leaves it, with a per-collective latency;
+   - a fixed `layer_us` per layer (kernel launches that CUDA graphs do not hide),
+   plus `iter_ms` per iteration (scheduler, sampling).
+2. DECODE (TPOT): at concurrency B the engine runs `B_run = min(B, max_num_seqs,
+   KV capacity)` sequences. In steady state each finished request is replaced,
+   so on average every iteration also carries `B_run * ISL / OSL` prefill tokens
+   (capped by the chunk budget): other requests' prefill lands in decode steps
+   and lengthens TPOT. With PP the sequences split into `min(PP, B)` microbatches
+   that rotate through the stages: a token crosses all stages (TPOT = sum of
+   stage times + PP hops), throughput is B tokens per TPOT.
+3. PREFILL (TTFT) has three parts:
+   - its own chunks: `ISL / chunk_free` iterations, each carrying the chunk plus
+     the running decodes (chunk_free = chunk budget minus decode tokens);
+   - the arrival WAVE: a closed-loop benchmark releases requests together, so a
+     request waits for a share (`wave`) of the others' prefill tokens in its wave;
+   - ADMISSION: when B exceeds the batch slots or the KV cache, the excess waits
+     for running requests to finish (Little's law for a closed loop):
+     `wait = service_time * (B / B_run - 1)`, service = prefill + OSL * TPOT.
+4. Outputs per replica: tokens/s/user = 1000 / TPOT, tokens/s/GPU = B_run *
+   1000 / TPOT / GPUs.
+
+`ReplicaMapping` (in `memory`) is the richer mapping the calibration data
+needs (attention TP x attention DP, MoE-TP x EP, PP); a `types.Layout` maps to
+it as attention TP = MoE-TP = tp, attention DP = EP = ep.
+
+Speed: per-(model, GPU, dtype) constants are cached; one `predict` costs a
+handful of iteration evaluations of ~20 arithmetic terms each.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from meshplan.catalog.gpus import GpuSpec
+from meshplan.catalog.models import ModelArch
+from meshplan.planner import memory as mem
+from meshplan.planner.memory import ReplicaMapping, as_mapping
+from meshplan.planner.types import Layout, MemoryFit, Prediction, Workload
+
+
+@dataclass(frozen=True)
+class PerfParams:
+    """Global physical efficiencies, fitted by `meshplan.planner.calibration`."""
+
+    gemm_eff: float = 0.6        # share of dense tensor peak reached by GEMMs
+    mem_eff: float = 0.8         # share of HBM bandwidth reached streaming weights
+    attn_eff: float = 0.6        # share of HBM bandwidth reached reading the KV cache
+    moe_eff: float = 0.7         # grouped-GEMM efficiency of routed experts (x gemm/mem eff)
+    layer_us: float = 15.0       # fixed cost per layer per iteration (µs)
+    iter_ms: float = 3.0         # fixed cost per iteration (ms)
+    comm_eff: float = 0.7        # share of link bandwidth reached by collectives
+    comm_us: float = 10.0        # latency per collective (µs)
+    wave: float = 0.5            # share of the arrival wave's prefill a request waits for
+
+    def with_values(self, **kw) -> "PerfParams":
+        return PerfParams(**{**self.__dict__, **kw})
+
+
+# ---- engine defaults ------------------------------------------------------------------
+
+def engine_defaults(engine: str, gpu: GpuSpec) -> tuple[int, int]:
+    """(chunk_size = max tokens per iteration, max_num_seqs) an engine uses when not told.
+
+    vLLM V1 OpenAI server on >= 70 GiB GPUs: max_num_batched_tokens 8192,
+    max_num_seqs 1024 (else 2048 / 256) — vllm/engine/arg_utils.py defaults.
+    SGLang: chunked_prefill_size 8192 (16384 on > 160 GB GPUs), running requests
+    bounded by the KV cache — sglang/srt/server_args.py. TensorRT-LLM
+    trtllm-serve: max_num_tokens 8192, max_batch_size 2048.
+    """
+    if engine == "trtllm":
+        return 8192, 2048
+    if engine == "sglang":
+        return (16384 if gpu.memory_gib > 160 else 8192), 4096
+    return (8192, 1024) if gpu.memory_gib >= 70 else (2048, 256)
+
+
+# ---- cached per-(model, gpu, mapping, dtype) constants --------------------------------
+
+@dataclass(frozen=True)
+class _Stage:
+    """Per-layer work of one GPU, reduced to coefficients (bytes and flops per token)."""
+
+    n_layers: float              # layers per stage
+    n_moe: float                 # MoE layers per stage
+    n_dense_ffn: float           # dense-FFN layers per stage
+    n_full_attn: float           # full-attention layers per stage
+    n_sw_attn: float             # sliding-window layers per stage
+    window: int
+    # per layer, per GPU
+    attn_w_bytes: float
+    attn_flops_tok: float        # projections, per token
+    dense_w_bytes: float
+    dense_flops_tok: float
+    shared_w_bytes: float
+    shared_flops_tok: float
+    expert_w_bytes: float        # one expert slice on one GPU
+    experts_per_rank: float
+    kv_bytes_tok_layer: float    # KV bytes per context token per layer per GPU
+    attn_core_flops_ctx: float   # decode attention flops per (token x context token) per layer per GPU
+    prefill_attn_flops: float    # prefill attention flops per (token x context token) per layer per GPU
+    lm_w_bytes: float
+    lm_flops_tok: float
+    peak_gemm: float             # FLOP/s for weight GEMMs
+    peak_attn: float             # FLOP/s for attention (bf16)
+    hbm: float                   # bytes/s
+    tp_bw: float                 # bytes/s one direction for TP collectives
+    ep_bw: float                 # effective bytes/s for EP all-to-all
+    pp_bw: float                 # bytes/s between stages
+    act_bytes: float             # bytes per activation element on the wire (bf16)
+    dispatch_bytes: float        # bytes per element for EP dispatch
+
+
+def _link_bw(gpu: GpuSpec, group: int) -> float:
+    """Effective one-direction bandwidth (bytes/s) for a collective over `group` GPUs.
+
+    Inside the NVLink domain: NVLink. Beyond it, the share of peers outside the
+    domain is reached over the NIC: time adds up per share.
+    """
+    nv = gpu.nvlink_uni_gb_s * 1e9 if gpu.nvlink_domain > 1 else 0.0
+    nic = gpu.nic_gb_s * 1e9
+    if group <= 1:
+        return nv or nic
+    if group <= gpu.nvlink_domain and nv > 0:
+        return nv
+    inside = (gpu.nvlink_domain - 1) / (group - 1) if nv > 0 else 0.0
+    outside = 1.0 - inside
+    return 1.0 / ((inside / nv if nv else 0.0) + outside / nic)
+
+
+@lru_cache(maxsize=8192)
+def _stage(model: ModelArch, gpu: GpuSpec, m: ReplicaMapping, weight_dtype: str, kv_dtype: str) -> _Stage:
+    wb = mem.WEIGHT_BYTES[weight_dtype]
+    ab = mem.WEIGHT_BYTES[mem._attn_dtype(weight_dtype)]
+    eb = mem.WEIGHT_BYTES[mem._embed_dtype(weight_dtype)]
+    kvb = mem.KV_BYTES[kv_dtype]
+    pp = m.pp
+    L = model.num_layers
+    tp = m.attn_tp
+    h = model.hidden_size
+    attn_p = model.attn_params_per_layer
+    if model.is_mla:
+        heads = model.num_attention_heads / tp
+        kv_tok_layer = (model.kv_lora_rank + model.qk_rope_head_dim) * kvb
+        # absorbed MLA decode: scores over latent+rope, then values in latent space
+        core = 2.0 * heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim)
+        pre = 2.0 * heads * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim)
+    else:
+        heads = model.num_attention_heads / tp
+        kv_heads = math.ceil(model.num_kv_heads / tp)
+        kv_tok_layer = 2.0 * kv_heads * model.head_dim * kvb
+        core = 4.0 * heads * model.head_dim
+        pre = core
+    experts_per_rank = model.num_experts / m.moe_ep if model.is_moe else 0.0
+    return _Stage(
+        n_layers=L / pp,
+        n_moe=model.moe_layers / pp,
+        n_dense_ffn=model.dense_layers / pp,
+        n_full_attn=(L - model.sliding_window_layers) / pp,
+        n_sw_attn=model.sliding_window_layers / pp,
+        window=model.sliding_window,
+        attn_w_bytes=attn_p * ab / tp,
+        attn_flops_tok=2.0 * attn_p / tp,
+        dense_w_bytes=model.dense_ffn_params_per_layer * wb / tp,
+        dense_flops_tok=2.0 * model.dense_ffn_params_per_layer / tp,
+        shared_w_bytes=model.shared_expert_params_per_layer * wb / tp,
+        shared_flops_tok=2.0 * model.shared_expert_params_per_layer / tp,
+        expert_w_bytes=model.expert_params * wb / m.moe_tp,
+        experts_per_rank=experts_per_rank,
+        kv_bytes_tok_layer=kv_tok_layer,
+        attn_core_flops_ctx=core,
+        prefill_attn_flops=pre,
+        lm_w_bytes=model.vocab_size * h * eb / tp,
+        lm_flops_tok=2.0 * model.vocab_size * h / tp,
+        peak_gemm=gpu.peak_flops(weight_dtype),
+        peak_attn=gpu.peak_flops("bf16"),
+        hbm=gpu.hbm_tb_s * 1e12,
+        tp_bw=_link_bw(gpu, tp),
+        ep_bw=_link_bw(gpu, m.moe_tp * m.moe_ep),
+        pp_bw=_link_bw(gpu, m.gpus_per_stage * 2) if m.gpus_per_stage * 2 > gpu.nvlink_domain else _link_bw(gpu, 2),
+        act_bytes=2.0,
+        dispatch_bytes=1.0 if weight_dtype in ("fp8", "fp4", "int8") else 2.0,
+    )
+
+
+def iteration_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams,
+                 d: float, ctx: float, p: float, pctx: float) -> float:
+    """Time (ms) of one iteration of ONE pipeline stage.
+
+    d: decode tokens per attention rank, ctx: their mean context; p: prefill
+    tokens per attention rank, pctx: mean context a prefill token attends to.
+    """
+    T = d + p
+    if T <= 0:
+        return q.iter_ms / m.pp
+    ge = q.gemm_eff
+    me_bw = st.hbm * q.mem_eff
+    fl = st.peak_gemm * ge
+    # attention projections
+    t = st.n_layers * max(T * st.attn_flops_tok / fl, st.attn_w_bytes / me_bw)
+    # attention core: decode (KV reads) + prefill (compute)
+    kv_bw = st.hbm * q.attn_eff
+    fa = st.peak_attn * ge
+    if d > 0:
+        full = d * ctx
+        sw = d * min(ctx, st.window) if st.n_sw_attn else 0.0
+        t += st.n_full_attn * max(full * st.kv_bytes_tok_layer / kv_bw, full * st.attn_core_flops_ctx / fa)
+        if sw:
+            t += st.n_sw_attn * max(sw * st.kv_bytes_tok_layer / kv_bw, sw * st.attn_core_flops_ctx / fa)
+    if p > 0:
+        t += st.n_full_attn * p * pctx * st.prefill_attn_flops / fa
+        if st.n_sw_attn:
+            t += st.n_sw_attn * p * min(pctx, st.window) * st.prefill_attn_flops / fa
+    # dense FFN layers
+    if st.n_dense_ffn:
+        t += st.n_dense_ffn * max(T * st.dense_flops_tok / fl, st.dense_w_bytes / me_bw)
+    # MoE layers
+    if st.n_moe:
+        k = model.experts_per_token
+        E = model.num_experts
+        t_all = T * m.attn_dp                       # tokens meeting in the EP group
+        touched = st.experts_per_rank * (1.0 - (1.0 - k / E) ** t_all)
+        pairs = t_all * k / m.moe_ep               # token-expert pairs per EP rank
+        moe = q.moe_eff
+        t_exp = max(pairs * 2.0 * model.expert_params / m.moe_tp / (fl * moe),
+                    touched * st.expert_w_bytes / (me_bw * moe))
+        if st.shared_w_bytes:
+            t_exp += max(T * st.shared_flops_tok / fl, st.shared_w_bytes / me_bw)
+        t += st.n_moe * t_exp
+        if m.moe_ep > 1:
+            tok_gpu = T / m.attn_tp
+            a2a = tok_gpu * k * model.hidden_size * (st.dispatch_bytes + st.act_bytes) * (m.moe_ep - 1) / m.moe_ep
+            t += st.n_moe * (a2a / (st.ep_bw * q.comm_eff) + 2 * q.comm_us * 1e-6)
+    # TP all-reduce: after attention and after FFN
+    if m.attn_tp > 1:
+        n = m.attn_tp
+        size = T * model.hidden_size * st.act_bytes
+        t += st.n_layers * 2 * (2.0 * size * (n - 1) / n / (st.tp_bw * q.comm_eff) + q.comm_us * 1e-6)
+    # fixed per-layer cost
+    t += st.n_layers * q.layer_us * 1e-6
+    # LM head (last stage; charged once per token rotation, spread over stages)
+    t += max(d * st.lm_flops_tok / fl, st.lm_w_bytes / me_bw) / m.pp
+    return t * 1e3 + q.iter_ms / m.pp
+
+
+def distinct_experts(num_experts: int, k: int, tokens: float) -> float:
+    """Expected distinct experts touched by `tokens` tokens routed top-k of E uniformly."""
+    if num_experts <= 0 or tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - k / num_experts) ** tokens)
+
+
+def _params(params) -> PerfParams:
+    if params is None:
+        from meshplan.planner.calibration import FITTED_PARAMS
+        return FITTED_PARAMS
+    if isinstance(params, dict):
+        return PerfParams(**params)
+    return params
+
+
+def predict(
+    model: ModelArch,
+    gpu: GpuSpec,
+    layout: Layout | ReplicaMapping,
+    workload: Workload,
+    *,
+    weight_dtype: str,
+    kv_dtype: str,
+    chunk_size: int | None = None,
+    max_num_seqs: int | None = None,
+    engine: str = "vllm",
+    concurrency: int | None = None,
+    memory: MemoryFit | None = None,
+    params: PerfParams | dict | None = None,
+    memory_fraction: float = 0.9,
+) -> Prediction:
+    """Per-replica TTFT, TPOT and throughput of `layout` serving `workload`.
+
+    `concurrency` (requests in flight on this replica) defaults to the
+    workload's concurrency divided over the layout's DP replicas; with only a
+    request rate, Little's law sets it from a first TPOT estimate. `memory`
+    (a `MemoryFit`) supplies the KV capacity; it is computed when not given.
+    """
+    q = _params(params)
+    m = as_mapping(layout)
+    dchunk, dseqs = engine_defaults(engine, gpu)
+    chunk = int(chunk_size or dchunk)
+    seqs_cap = int(max_num_seqs or dseqs)
+    isl = max(1, int(workload.isl))
+    osl = max(1, int(workload.osl))
+    if memory is None:
+        memory = mem.memory_fit(model, gpu, m, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                context_tokens=workload.context, chunk_size=chunk,
+                                max_num_seqs=seqs_cap, engine=engine, memory_fraction=memory_fraction)
+    st = _stage(model, gpu, m, weight_dtype, kv_dtype)
+    dp = layout.dp if isinstance(layout, Layout) else 1
+    notes: list[str] = []
+
+    if concurrency is None:
+        if workload.concurrency is not None:
+            concurrency = max(1, math.ceil(workload.concurrency / dp))
+        elif workload.request_rate is not None:
+            # Little's law with a first guess of the request time at low load
+            base = _core(model, st, m, q, isl, osl, 1, chunk, seqs_cap, memory)
+            r_time_s = (base[0] + osl * base[1]) / 1e3
+            concurrency = max(1, math.ceil(workload.request_rate / dp * r_time_s))
+            notes.append(f"concurrency {concurrency} from request rate via Little's law")
+        else:
+            concurrency = max(1, min(seqs_cap, memory.max_concurrency or 1))
+    B = max(1, int(concurrency))
+    ttft, tpot, b_run, prefill_ms = _core(model, st, m, q, isl, osl, B, chunk, seqs_cap, memory)
+    if b_run < B:
+        notes.append(f"only {b_run} of {B} requests run at once (batch slots / KV cache); the rest queue")
+    tps_user = 1000.0 / tpot
+    tps_gpu = b_run * tps_user / m.gpus
+    return Prediction(ttft_ms=ttft, tpot_ms=tpot, tokens_per_s_per_gpu=tps_gpu,
+                      tokens_per_s_per_user=tps_user, concurrency=B, prefill_ms=prefill_ms,
+                      notes=tuple(notes))
+
+
+def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: int, B: int,
+          chunk: int, seqs_cap: int, memory: MemoryFit) -> tuple[float, float, int, float]:
+    """(ttft_ms, tpot_ms, running sequences, no-queue prefill_ms) at concurrency B."""
+    # admission: batch slots and KV capacity (sequences at their mean context)
+    kv_seqs = B
+    if memory.kv_capacity_tokens > 0:
+        mean_ctx = isl + osl / 2.0
+        kv_seqs = max(1, int(memory.kv_capacity_tokens // mean_ctx))
+    elif not memory.fits:
+        kv_seqs = 1
+    b_run = max(1, min(B, seqs_cap, kv_seqs))
+    ranks = m.attn_dp
+    micro = min(m.pp, b_run)                        # pipeline microbatches in flight
+    d = b_run / ranks / micro                       # decode tokens per rank per stage step
+    ctx = isl + osl / 2.0
+    # other requests' prefill landing in decode iterations (steady state)
+    p_avg = min(max(chunk - d, 0.0), d * isl / osl)
+    pctx = isl / 2.0
+    stage = iteration_ms(model, st, m, q, d, ctx, p_avg, pctx)
+    hop_ms = 0.0
+    if m.pp > 1:
+        hop_ms = (d * model.hidden_size * st.act_bytes / (st.pp_bw * q.comm_eff) + 10e-6) * 1e3
+    tpot = m.pp * (stage + hop_ms)
+    # prefill of one request: own chunks plus its share of the arrival wave
+    chunk_free = max(chunk - d, chunk / 4.0)
+    per_rank = max(1.0, b_run / ranks)
+    tokens = isl * (1.0 + q.wave * (per_rank - 1.0))
+    n_iter = max(1.0, tokens / chunk_free)
+    p_iter = min(tokens, chunk_free)
+    pf_stage = iteration_ms(model, st, m, q, d, ctx, p_iter, pctx)
+    prefill = n_iter * m.pp * (pf_stage + hop_ms)
+    own = max(1.0, isl / chunk_free) * m.pp * (
+        iteration_ms(model, st, m, q, d, ctx, min(isl, chunk_free), pctx) + hop_ms)
+    ttft = prefill
+    if B > b_run:
+        service = prefill + osl * tpot
+        ttft += service * (B / b_run - 1.0)
+    return ttft, tpot, b_run, own
+
+
+def predict_disagg(
+    model: ModelArch,
+    gpu: GpuSpec,
+    prefill: Layout | ReplicaMapping,
+    decode: Layout | ReplicaMapping,
+    workload: Workload,
+    *,
+    weight_dtype: str,
+    kv_dtype: str,
+    concurrency: int,
+    prefill_workers: int = 1,
+    decode_workers: int = 1,
+    prefill_batch: int = 1,
+    engine: str = "trtllm",
+    params: PerfParams | dict | None = None,
+    memory_fraction: float = 0.9,
+) -> Prediction:
+    """Prefill/decode disaggregated serving: `prefill_workers` replicas of `prefill`
+    feed `decode_workers` replicas of `decode`; `concurrency` is the total in flight.
+
+    Decode workers run decode-only iterations (no prefill interference). Prefill
+    workers batch `prefill_batch` requests per attention rank; requests arrive at
+    the closed-loop rate X = concurrency / (TTFT + OSL * TPOT). While X is below
+    the prefill capacity, TTFT = batch service time + M/D/1 wait + KV transfer;
+    when prefill is the bottleneck the loop slows to its capacity and TTFT =
+    concurrency / capacity - OSL * TPOT.
+    """
+    q = _params(params)
+    pm, dm = as_mapping(prefill), as_mapping(decode)
+    isl, osl = max(1, workload.isl), max(1, workload.osl)
+    dchunk, dseqs = engine_defaults(engine, gpu)
+    # decode side
+    d_mem = mem.memory_fit(model, gpu, dm, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                           context_tokens=isl + osl, chunk_size=dchunk, engine=engine,
+                           memory_fraction=memory_fraction)
+    if not d_mem.fits:
+        raise ValueError(f"decode layout does not fit memory: {d_mem.reason}")
+    dst = _stage(model, gpu, dm, weight_dtype, kv_dtype)
+    B = max(1, math.ceil(concurrency / max(1, decode_workers)))
+    kv_seqs = max(1, int(d_mem.kv_capacity_tokens // (isl + osl / 2.0)))
+    b_run = max(1, min(B, dseqs, kv_seqs))
+    micro = min(dm.pp, b_run)
+    d = b_run / dm.attn_dp / micro
+    hop = 0.0
+    if dm.pp > 1:
+        hop = (d * model.hidden_size * 2.0 / (dst.pp_bw * q.comm_eff) + 10e-6) * 1e3
+    tpot = dm.pp * (iteration_ms(model, dst, dm, q, d, isl + osl / 2.0, 0.0, 0.0) + hop)
+    # prefill side
+    pst = _stage(model, gpu, pm, weight_dtype, kv_dtype)
+    per_rank = max(1, prefill_batch)
+    tokens = min(per_rank * isl, max(dchunk, isl))
+    per_iter_reqs = tokens / isl
+    n_iter = max(1.0, isl / dchunk)
+    service_ms = pm.pp * iteration_ms(model, pst, pm, q, 0.0, 0.0, tokens, isl / 2.0) * n_iter
+    cap_per_s = prefill_workers * pm.attn_dp * per_iter_reqs / (service_ms / 1e3)
+    kv_bytes = isl * mem.kv_bytes_per_token(model, ReplicaMapping(), kv_dtype, include_sliding=True)
+    xfer_ms = kv_bytes / (gpu.nic_gb_s * 1e9 * q.comm_eff) * 1e3
+    cycle_ms = service_ms + xfer_ms + osl * tpot
+    x = concurrency / (cycle_ms / 1e3)
+    notes = []
+    if x < cap_per_s:
+        rho = x / cap_per_s
+        ttft = service_ms * (1.0 + rho / (2.0 * (1.0 - rho))) + xfer_ms
+        # once the prefill queue wait exceeds the slack, the loop slows: never exceed the bound below
+        ttft = min(ttft, max(service_ms + xfer_ms, concurrency / cap_per_s * 1e3 - osl * tpot))
+    else:
+        ttft = concurrency / cap_per_s * 1e3 - osl * tpot
+        notes.append("prefill workers are the bottleneck")
+    if B > b_run:
+        ttft += (service_ms + osl * tpot) * (B / b_run - 1.0)
+        notes.append(f"decode worker runs {b_run} of {B} requests at once")
+    gpus = prefill_workers * pm.gpus + decode_workers * dm.gpus
+    tps_user = 1000.0 / tpot
+    return Prediction(ttft_ms=ttft, tpot_ms=tpot,
+                      tokens_per_s_per_gpu=b_run * decode_workers * tps_user / gpus,
+                      tokens_per_s_per_user=tps_user, concurrency=concurrency,
+                      prefill_ms=service_ms, notes=tuple(notes))
