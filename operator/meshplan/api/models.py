@@ -467,6 +467,16 @@ def _env_list(description: str):
     )
 
 
+def _unique_env_names(env: list["EnvVar"]) -> list["EnvVar"]:
+    """Mirror of the CRD's list-map (key `name`): each variable at most once."""
+    seen: set[str] = set()
+    for i, e in enumerate(env):
+        if e.name in seen:
+            raise ValueError(f"env[{i}].name {e.name!r} appears twice: each variable may be set once")
+        seen.add(e.name)
+    return env
+
+
 def _no_plan_flags(engine: "EngineSpec") -> bool:
     return engine.allow_plan_override or not engine.plan_owned_extra_args()
 
@@ -523,6 +533,11 @@ class EngineSpec(ApiModel):
         "Planned condition, and its predictions no longer describe what runs.",
     )
     env: list[EnvVar] = _env_list("Extra environment variables of the engine container (override the operator's).")
+
+    @field_validator("env")
+    @classmethod
+    def _unique_env(cls, env: list[EnvVar]) -> list[EnvVar]:
+        return _unique_env_names(env)
 
     RULES = (
         Rule(
@@ -782,6 +797,11 @@ class NcclSpec(ApiModel):
         512, r"^[\^=]?[A-Za-z0-9_.:,-]+$", default=None,
     )
     env: list[EnvVar] = _env_list("Extra NCCL_* (or UCX_, FI_ ...) variables; they override meshplan's defaults.")
+
+    @field_validator("env")
+    @classmethod
+    def _unique_env(cls, env: list[EnvVar]) -> list[EnvVar]:
+        return _unique_env_names(env)
 
 
 # ----------------------------------------------------------------------------- spec

@@ -1,0 +1,135 @@
+"""Invalid LLMDeployment manifests, each with the field its error must name.
+
+The table is shared: here every case must be refused by the pydantic models
+(what `meshplan plan` and the operator parse with); e2e/test_api_validation.py
+sends the same manifests to a real kube-apiserver, which must refuse them with
+the field path in its error (CEL + OpenAPI from the generated CRD).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pydantic
+import pytest
+
+from meshplan.api.models import LLMDeployment
+
+DELETE = object()  # patch value: remove the key
+
+
+def base_manifest(name: str = "valid") -> dict:
+    """A small valid manifest the cases start from."""
+    return {
+        "apiVersion": "meshplan.dev/v1alpha1",
+        "kind": "LLMDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "llama-3.1-8b", "servedName": "llama-8b"},
+            "engine": {"kind": "vllm"},
+            "workload": {"inputTokens": 1024, "outputTokens": 256},
+            "slo": {"ttftMs": 500, "itlMs": 30, "percentile": 99},
+            "replicas": 1,
+        },
+    }
+
+
+def merge(target: dict, patch: dict) -> dict:
+    """Deep-merge `patch` into `target` in place (lists replace; DELETE removes)."""
+    for key, value in patch.items():
+        if value is DELETE:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+    return target
+
+
+def with_spec(patch: dict, name: str = "invalid") -> dict:
+    return merge(base_manifest(name), {"spec": patch})
+
+
+DENSE_ARCH = {"layers": 32, "hiddenSize": 4096, "attentionHeads": 32, "kvHeads": 8, "intermediateSize": 14336, "vocabSize": 128256}
+
+# (case id, spec patch, field path the error must name)
+INVALID_CASES: list[tuple[str, dict, str]] = [
+    ("replicas-negative", {"replicas": -1}, "spec.replicas"),
+    ("replicas-wrong-type", {"replicas": "two"}, "spec.replicas"),
+    ("replicas-absurd", {"replicas": 1_000_000}, "spec.replicas"),
+    ("model-missing", {"model": DELETE}, "spec.model"),
+    ("model-name-too-long", {"model": {"name": "m" * 200}}, "spec.model.name"),
+    ("tensor-zero", {"parallelism": {"tensor": 0}}, "spec.parallelism.tensor"),
+    ("tensor-not-auto-string", {"parallelism": {"tensor": "four"}}, "spec.parallelism.tensor"),
+    ("pipeline-absurd", {"parallelism": {"pipeline": 100000}}, "spec.parallelism.pipeline"),
+    ("chunk-size-tiny", {"parallelism": {"chunkSize": 1}}, "spec.parallelism.chunkSize"),
+    ("pinned-exceeds-max-gpus", {"parallelism": {"tensor": 8, "pipeline": 2}, "gpus": {"maxGpus": 8}}, "spec.gpus.maxGpus"),
+    ("pinned-times-replicas-exceeds-max-gpus", {"parallelism": {"tensor": 4}, "replicas": 3, "gpus": {"maxGpus": 8}}, "spec.gpus.maxGpus"),
+    ("max-gpus-zero", {"gpus": {"maxGpus": 0}}, "spec.gpus.maxGpus"),
+    ("tensor-does-not-divide-heads", {"model": {"name": "my-dense", "architecture": DENSE_ARCH}, "parallelism": {"tensor": 3}}, "spec.parallelism.tensor"),
+    ("expert-on-dense-model", {"model": {"name": "my-dense", "architecture": DENSE_ARCH}, "parallelism": {"expert": 4}}, "spec.parallelism.expert"),
+    ("experts-per-token-above-experts", {"model": {"name": "my-moe", "architecture": {**{k: v for k, v in DENSE_ARCH.items() if k != "intermediateSize"}, "experts": 8, "expertsPerToken": 16, "moeIntermediateSize": 14336}}}, "spec.model.architecture.expertsPerToken"),
+    ("kv-heads-not-dividing-heads", {"model": {"name": "my-dense", "architecture": {**DENSE_ARCH, "kvHeads": 5}}}, "spec.model.architecture.kvHeads"),
+    ("autoscaling-min-above-max", {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "spec.autoscaling.minReplicas"),
+    ("autoscaling-without-max", {"autoscaling": {"enabled": True}}, "spec.autoscaling.maxReplicas"),
+    ("autoscaling-thresholds-inverted", {"autoscaling": {"upThreshold": 0.8, "downThreshold": 0.9}}, "spec.autoscaling.downThreshold"),
+    ("autoscaling-without-slo", {"slo": DELETE, "autoscaling": {"enabled": True, "maxReplicas": 4}}, "spec.autoscaling.enabled"),
+    ("prometheus-url-with-credentials", {"autoscaling": {"prometheusUrl": "http://admin:secret@prometheus:9090"}}, "spec.autoscaling.prometheusUrl"),
+    ("metric-name-promql-injection", {"autoscaling": {"metrics": {"ttftHistogram": 'x{job="a"} or vector(1)'}}}, "spec.autoscaling.metrics.ttftHistogram"),
+    ("engine-unknown", {"engine": {"kind": "tgi"}}, "spec.engine.kind"),
+    ("extra-args-set-tensor-parallel", {"engine": {"extraArgs": ["--tensor-parallel-size=8"]}}, "spec.engine.extraArgs"),
+    ("extra-args-sglang-tp", {"engine": {"kind": "sglang", "extraArgs": ["--tp", "4"]}}, "spec.engine.extraArgs"),
+    ("extra-args-too-many", {"engine": {"extraArgs": ["--disable-log-requests"] * 65}}, "spec.engine.extraArgs"),
+    ("env-inline-token", {"engine": {"env": [{"name": "HF_TOKEN", "value": "hf_abcdefghijklmnopqrstuvwxyz"}]}}, "spec.engine.env[0].value"),
+    ("env-duplicate-name", {"engine": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}}, "spec.engine.env[1]"),
+    ("weights-uri-userinfo", {"model": {"weights": {"uri": "https://user:pa55@models.example.com/llama"}}}, "spec.model.weights.uri"),
+    ("weights-uri-token-query", {"model": {"weights": {"uri": "https://models.example.com/llama?token=hf_abc"}}}, "spec.model.weights.uri"),
+    ("weights-uri-presigned-s3", {"model": {"weights": {"uri": "s3://bucket/llama?X-Amz-Signature=deadbeef"}}}, "spec.model.weights.uri"),
+    ("weights-inline-token-field", {"model": {"weights": {"uri": "hf://meta-llama/Llama-3.1-8B", "token": "hf_abc"}}}, "spec.model.weights.token"),
+    ("precision-unknown", {"precision": {"weights": "fp2"}}, "spec.precision.weights"),
+    ("objective-unknown", {"objective": "cheapest"}, "spec.objective"),
+    ("min-cost-without-slo", {"objective": "minCostWithinSLO", "slo": DELETE}, "spec.objective"),
+    ("slo-ttft-zero", {"slo": {"ttftMs": 0}}, "spec.slo.ttftMs"),
+    ("slo-itl-negative", {"slo": {"itlMs": -5}}, "spec.slo.itlMs"),
+    ("slo-without-target", {"slo": {"ttftMs": DELETE, "itlMs": DELETE}}, "spec.slo"),
+    ("slo-percentile-unsupported", {"slo": {"percentile": 75}}, "spec.slo.percentile"),
+    ("workload-rate-and-concurrency", {"workload": {"requestRate": 3, "concurrency": 10}}, "spec.workload.concurrency"),
+    ("workload-max-context-too-short", {"workload": {"inputTokens": 4096, "outputTokens": 512, "maxContext": 1024}}, "spec.workload.maxContext"),
+    ("workload-input-zero", {"workload": {"inputTokens": 0}}, "spec.workload.inputTokens"),
+    ("nccl-transport-unknown", {"nccl": {"transport": "nvswitch"}}, "spec.nccl.transport"),
+    ("unknown-field", {"replicaCount": 3}, "spec.replicaCount"),
+]
+
+# (case id, spec patch of the object first created, spec patch of the update, field path)
+IMMUTABLE_CASES: list[tuple[str, dict, dict, str]] = [
+    ("engine-kind-changed", {}, {"engine": {"kind": "sglang"}}, "spec.engine.kind"),
+    ("served-name-changed", {}, {"model": {"servedName": "renamed"}}, "spec.model.servedName"),
+    ("served-name-removed", {}, {"model": {"servedName": DELETE}}, "spec.model.servedName"),
+]
+
+
+def test_base_manifest_is_valid():
+    LLMDeployment.from_manifest(base_manifest())
+
+
+def test_table_is_large_enough():
+    assert len(INVALID_CASES) + len(IMMUTABLE_CASES) >= 20
+    assert len({c[0] for c in INVALID_CASES}) == len(INVALID_CASES)
+
+
+@pytest.mark.parametrize("case_id,patch,field", INVALID_CASES, ids=[c[0] for c in INVALID_CASES])
+def test_models_reject_invalid_manifest_naming_the_field(case_id, patch, field):
+    with pytest.raises(pydantic.ValidationError) as info:
+        LLMDeployment.from_manifest(with_spec(patch))
+    text = str(info.value)
+    # the error names the field: in pydantic's location (spec.gpus.maxGpus ...) or in the rule's message
+    last = field.rsplit(".", 1)[-1].split("[")[0]
+    assert last in text, f"{case_id}: error does not name {field}:\n{text}"
+
+
+@pytest.mark.parametrize("case_id,before,after,field", IMMUTABLE_CASES, ids=[c[0] for c in IMMUTABLE_CASES])
+def test_immutable_cases_are_valid_on_their_own(case_id, before, after, field):
+    """Both sides of an immutable-field change are valid manifests: only the change is refused (server side)."""
+    old = with_spec(before)
+    LLMDeployment.from_manifest(old)
+    LLMDeployment.from_manifest(merge(copy.deepcopy(old), {"spec": after}))
