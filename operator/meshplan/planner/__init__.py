@@ -1,0 +1,224 @@
+"""The planner: which TP x EP x PP x DP layout, knobs and dtypes to run, and why.
+
+`plan(...)` is the pure entry point: model + GPUs (+ optional fleet of free
+capacity) + workload + SLO + objective -> `types.Plan`. It searches every
+candidate GPU product (`search.search`), builds the throughput-vs-
+interactivity Pareto frontier over all of them (`pareto`), picks per
+objective among the candidates that meet the SLO (`objectives.choose`) and
+returns the choice, the reason, the frontier, the next-best alternatives and
+every rejected layout with its reason. `plan_for_spec(spec, fleet)` adapts an
+`LLMDeployment` spec (meshplan.api.models) to it; the operator and the CLI
+both call that.
+
+Defaults when the spec leaves things open (documented in the CRD too):
+- GPU products: the fleet's products; with no fleet and no `gpus.products`,
+  `DEFAULT_GPU` (H100 SXM: the most widely deployed datacenter GPU).
+- GPU budget: `gpus.maxGpus`; else all free GPUs of the fleet; else the
+  smallest power of two that is at least one NVLink domain and twice the GPUs
+  the weights alone need (room for KV cache).
+- Replicas: a manifest that sets `replicas` (without autoscaling) fixes DP;
+  otherwise DP fills the budget, except for `minCostWithinSLO`, which takes the
+  fewest replicas that meet the SLO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from meshplan.planner.objectives import OBJECTIVES, choose
+from meshplan.planner.pareto import pareto_frontier
+from meshplan.planner.search import DpPolicy, SearchSpace, search
+from meshplan.planner.types import SLO, Engine, Objective, Plan, Rejected, Workload
+
+DEFAULT_GPU = "h100_sxm"
+
+_FRONTIER_MAX = 200        # frontier points kept in a Plan (thinned evenly beyond that)
+
+
+def default_budget(model: Any, gpu: Any, weight_dtype: str = "fp8") -> int:
+    """The smallest power of two >= one NVLink domain and >= 2x the GPUs the weights need."""
+    from meshplan.planner.memory import min_gpus_for_weights
+    from meshplan.planner.search import domain_gpus
+
+    need = 2 * min_gpus_for_weights(model, gpu, weight_dtype)
+    n = 1
+    while n < max(need, domain_gpus(gpu)):
+        n *= 2
+    return n
+
+
+def _thin(points: tuple, n: int) -> tuple:
+    if len(points) <= n:
+        return points
+    step = (len(points) - 1) / (n - 1)
+    return tuple(points[round(i * step)] for i in range(n))
+
+
+def plan(
+    model: Any,
+    gpus: Sequence[Any] | Any = DEFAULT_GPU,
+    *,
+    max_gpus: int | None = None,
+    workload: Workload = Workload(),
+    slo: SLO | None = None,
+    objective: Objective = "balanced",
+    engine: Engine = "vllm",
+    space: SearchSpace = SearchSpace(),
+    fleet: Any = None,
+    replicas: int | None = None,
+    predictor: Any = None,
+    n_alternatives: int = 3,
+) -> Plan:
+    """Plan `model` on the GPU products `gpus` (catalogue names or `GpuSpec`s); see module doc."""
+    from meshplan.catalog.gpus import get_gpu
+
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r} is not one of {', '.join(OBJECTIVES)} (spec.objective)")
+    gpu_list = [gpus] if isinstance(gpus, str) or not isinstance(gpus, Sequence) else list(gpus)
+    specs = [get_gpu(g) if isinstance(g, str) else g for g in gpu_list]
+    if fleet is not None:
+        in_fleet = set(fleet.gpus())
+        specs = [g for g in specs if g.name in in_fleet]
+        if not specs:
+            return Plan(None, objective, f"the fleet {fleet.name or ''} has no free GPUs of "
+                        f"{', '.join(str(g) for g in gpu_list)} (free: {', '.join(fleet.gpus()) or 'none'}); "
+                        f"change spec.gpus.products or free capacity", model=getattr(model, "name", ""))
+    dp: DpPolicy = replicas if replicas else ("min" if objective == "minCostWithinSLO" else "fill")
+    candidates: list = []
+    rejected: list[Rejected] = []
+    evaluated = 0
+    extra: dict[str, Any] = {"per_gpu": {}}
+    for g in specs:
+        sub = fleet.for_gpu(g.name) if fleet is not None else None
+        budget = max_gpus
+        if sub is not None:
+            budget = min(budget or sub.free_gpus, sub.free_gpus)
+        if budget is None:
+            budget = default_budget(model, g)
+            extra.setdefault("notes", []).append(f"no GPU budget given: planned for {budget} x {g.name}")
+        if budget < 1:
+            continue
+        res = search(model, g, budget, workload, engine=engine, space=space, fleet=sub, dp=dp,
+                     predictor=predictor)
+        candidates.extend(res.candidates)
+        rejected.extend(Rejected(r.layout, f"{g.name}: {r.reason}") for r in res.rejected)
+        evaluated += res.evaluated
+        extra["per_gpu"][g.name] = {"max_gpus": budget, "weight_dtype": res.weight_dtype,
+                                    "kv_dtype": res.kv_dtype, "shapes": len(res.shapes),
+                                    "candidates": len(res.candidates), "rejected": len(res.rejected),
+                                    "notes": list(res.notes)}
+    frontier = pareto_frontier(candidates)
+    chosen = choose(candidates, objective, slo, n_alternatives=n_alternatives)
+    reason = chosen.reason
+    if not candidates and rejected:
+        reason = (f"every layout was rejected; e.g. {rejected[0].layout.label()}: {rejected[0].reason}")
+    if chosen.choice is not None:
+        from meshplan.planner.engines import engine_layout
+
+        e = engine_layout(chosen.choice.layout, engine, model, chunk_size=chosen.choice.chunk_size,
+                          max_num_seqs=chosen.choice.max_num_seqs, memory_fraction=space.memory_fraction,
+                          kv_dtype=chosen.choice.kv_dtype, a2a_backend=space.a2a_backend)
+        extra["engine_args"] = e.argv()
+        extra["engine_config"] = e.config
+        extra["engine_notes"] = list(e.notes)
+    extra["eligible"] = chosen.eligible
+    return Plan(
+        choice=chosen.choice,
+        objective=objective,
+        reason=reason,
+        frontier=_thin(frontier, _FRONTIER_MAX),
+        alternatives=chosen.alternatives,
+        rejected=tuple(rejected),
+        evaluated=evaluated,
+        gpu=chosen.choice.gpu if chosen.choice is not None else ",".join(g.name for g in specs),
+        model=getattr(model, "name", ""),
+        extra=extra,
+    )
+
+
+# --------------------------------------------------------------------------- spec adapter
+
+
+def model_from_spec(model_spec: Any) -> Any:
+    """`spec.model` -> `catalog.models.ModelArch` (catalogue name, or explicit architecture)."""
+    from meshplan.catalog.models import from_hf_config, get_model
+
+    arch = model_spec.architecture
+    if arch is None:
+        try:
+            return get_model(model_spec.name)
+        except KeyError as exc:
+            raise ValueError(f"spec.model.name: {exc.args[0]}") from exc
+    # Reuse the Hugging Face config parser: the Architecture fields are named after config.json.
+    cfg = {
+        "num_hidden_layers": arch.layers, "hidden_size": arch.hidden_size,
+        "num_attention_heads": arch.attention_heads, "num_key_value_heads": arch.kv_heads,
+        "head_dim": arch.head_dim, "intermediate_size": arch.intermediate_size or arch.moe_intermediate_size,
+        "vocab_size": arch.vocab_size, "n_routed_experts": arch.experts,
+        "num_experts_per_tok": arch.experts_per_token, "n_shared_experts": arch.shared_experts,
+        "moe_intermediate_size": arch.moe_intermediate_size, "first_k_dense_replace": arch.dense_layers,
+        "kv_lora_rank": arch.kv_lora_rank, "q_lora_rank": arch.q_lora_rank,
+        "qk_rope_head_dim": arch.qk_rope_head_dim, "qk_nope_head_dim": arch.qk_nope_head_dim,
+        "v_head_dim": arch.v_head_dim,
+    }
+    return from_hf_config({k: v for k, v in cfg.items() if v is not None}, model_spec.name,
+                          source="spec.model.architecture")
+
+
+def plan_inputs_from_spec(spec: Any) -> dict[str, Any]:
+    """The keyword arguments of `plan` that an `LLMDeploymentSpec` determines."""
+    from meshplan.api.models import pinned
+
+    w, p, pr = spec.workload, spec.parallelism, spec.precision
+    slo = None
+    if spec.slo is not None:
+        slo = SLO(ttft_ms=spec.slo.ttft_ms, itl_ms=spec.slo.itl_ms, percentile=spec.slo.percentile,
+                  min_tokens_per_s_per_user=spec.slo.min_tokens_per_second_per_user)
+    chunk, seqs = pinned(p.chunk_size), pinned(p.max_num_seqs)
+    space = SearchSpace(
+        tensor=pinned(p.tensor), expert=pinned(p.expert), pipeline=pinned(p.pipeline),
+        chunk_sizes=(chunk,) if chunk else SearchSpace().chunk_sizes,
+        max_num_seqs=(seqs,) if seqs else SearchSpace().max_num_seqs,
+        weight_dtype=pr.weights, kv_dtype=pr.kv_cache, accuracy_floor=pr.accuracy_floor,
+    )
+    replicas = None
+    if "replicas" in spec.model_fields_set and not spec.autoscaling.enabled and spec.replicas > 0:
+        replicas = spec.replicas
+    return dict(
+        model=model_from_spec(spec.model),
+        gpus=list(spec.gpus.products) or None,
+        max_gpus=spec.gpus.max_gpus,
+        workload=Workload(isl=w.input_tokens, osl=w.output_tokens, concurrency=w.concurrency,
+                          request_rate=w.request_rate, max_context=w.max_context),
+        slo=slo,
+        objective=spec.objective,
+        engine=spec.engine.kind,
+        space=space,
+        replicas=replicas,
+    )
+
+
+def plan_for_spec(spec: Any, fleet: Any = None, **overrides: Any) -> Plan:
+    """Plan an `LLMDeploymentSpec`, restricted to `fleet` (a `planner.fleet.Fleet`) when given.
+
+    GPU products: `spec.gpus.products`, else the fleet's, else `DEFAULT_GPU`.
+    """
+    kw = plan_inputs_from_spec(spec)
+    if kw["gpus"] is None:
+        kw["gpus"] = list(fleet.gpus()) if fleet is not None and fleet.gpus() else [DEFAULT_GPU]
+    else:
+        from meshplan.catalog.gpus import get_gpu
+
+        names = []
+        for i, product in enumerate(kw["gpus"]):
+            try:
+                names.append(get_gpu(product).name)
+            except KeyError as exc:
+                raise ValueError(f"spec.gpus.products[{i}]: {exc.args[0]}") from exc
+        kw["gpus"] = names
+    kw.update(overrides)
+    return plan(fleet=fleet, **kw)
+
+
+__all__ = ["plan", "plan_for_spec", "plan_inputs_from_spec", "model_from_spec", "default_budget", "DEFAULT_GPU"]

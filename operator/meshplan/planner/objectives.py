@@ -175,8 +175,9 @@ def choose(
     ranked = sorted(pool, key=key, reverse=True)
     best = ranked[0]
     alts = _distinct_shapes(ranked, best, n_alternatives)
-    reason = (f"{objective}: {describe(best)}; {_WHY[objective]} of {len(eligible):,} candidates that meet the "
-              f"{_slo_text(slo)}")
+    among = (f"{len(eligible):,} candidates that meet the {_slo_text(slo)}" if slo is not None
+             else f"{len(eligible):,} candidates (no SLO given)")
+    reason = f"{objective}: {describe(best)}; {_WHY[objective]} of {among}"
     if alts:
         a = alts[0]
         reason += (f". Next best: {a.layout.label()}" + (f" x DP{a.layout.dp}" if a.layout.dp > 1 else "")

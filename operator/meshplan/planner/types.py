@@ -123,6 +123,7 @@ class Candidate:
     memory: MemoryFit
     prediction: Prediction
     engine: Engine = "vllm"
+    gpu: str = ""                         # catalogue GPU name (set by the search; plans may span products)
 
 
 @dataclass(frozen=True)

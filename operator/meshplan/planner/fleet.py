@@ -1,0 +1,165 @@
+"""What the planner needs to know about free GPU capacity: products and NVLink domains.
+
+A `Fleet` is a list of NVLink domains, each with its GPU product, GPUs per
+node, free GPUs and zone. It is built from the same `meshplan.topology`
+functions the operator uses on live Node/Pod objects, so a fleet file, a
+cluster read through a kubeconfig and the controller all agree on what a
+domain is (a `nvidia.com/gpu.clique`, else a node; PCIe-only nodes are
+domains whose GPUs talk over PCIe).
+
+Fleet files (`operator/meshplan/fleets/*.yaml`, loaded by name or path) are the
+dev-cluster's format, a list of node groups:
+
+    name: hgx-h100
+    nodeGroups:
+      - namePrefix: hgx-h100      # nodes hgx-h100-0 .. hgx-h100-3
+        count: 4
+        gpusPerNode: 8
+        product: NVIDIA-H100-80GB-HBM3   # nvidia.com/gpu.product (or a catalogue name)
+        memoryMiB: 81559
+        zone: zone-a
+        clique: <uuid>.<id>       # optional: nodes sharing it form one multi-node NVLink domain
+        usedGpus: 2               # optional (planner only): GPUs already taken on EVERY node of the group
+
+How a replica fits (the placement rule, architecture.md): each pipeline stage
+(`tp * ep` GPUs, one TP/EP group) must sit inside one domain's free GPUs;
+the stages of one replica may sit in different domains but one zone. So a
+zone offers `sum(floor(free / stage_gpus))` stage slots and
+`floor(slots / pp)` replicas; the fleet offers the sum over zones.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FleetDomain:
+    name: str
+    product: str                 # nvidia.com/gpu.product as the node reports it
+    gpu: str | None              # catalogue GPU name (None when the catalogue does not know the product)
+    gpus_per_node: int
+    free_gpus: int
+    total_gpus: int
+    zone: str = ""
+    nvlink: bool = True
+
+
+@dataclass(frozen=True)
+class Fleet:
+    domains: tuple[FleetDomain, ...] = ()
+    name: str = ""
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(d.free_gpus for d in self.domains)
+
+    def gpus(self) -> tuple[str, ...]:
+        """Catalogue GPU names with free GPUs, most free GPUs first."""
+        free: dict[str, int] = defaultdict(int)
+        for d in self.domains:
+            if d.gpu and d.free_gpus > 0:
+                free[d.gpu] += d.free_gpus
+        return tuple(sorted(free, key=lambda g: (-free[g], g)))
+
+    def unknown_products(self) -> tuple[str, ...]:
+        return tuple(sorted({d.product for d in self.domains if d.gpu is None}))
+
+    def for_gpu(self, gpu: str) -> "Fleet":
+        """The domains of one catalogue GPU."""
+        return Fleet(tuple(d for d in self.domains if d.gpu == gpu), self.name)
+
+    def largest_free_domain(self) -> FleetDomain | None:
+        return max(self.domains, key=lambda d: (d.free_gpus, d.name), default=None)
+
+    def replica_slots(self, stage_gpus: int, pp: int, *, cross_domain: bool = False) -> int:
+        """How many replicas of `pp` stages of `stage_gpus` GPUs fit the free GPUs (see module doc).
+
+        `cross_domain=True` lets a stage span domains of one zone (over the NIC).
+        """
+        slots: dict[str, int] = defaultdict(int)
+        free: dict[str, int] = defaultdict(int)
+        for d in self.domains:
+            slots[d.zone] += d.free_gpus // stage_gpus
+            free[d.zone] += d.free_gpus
+        if cross_domain:
+            return sum((free[z] // stage_gpus) // pp for z in free)
+        return sum(s // pp for s in slots.values())
+
+    def why_no_room(self, stage_gpus: int, pp: int) -> str:
+        """Why not even one replica fits, with the numbers."""
+        big = self.largest_free_domain()
+        if big is None:
+            return "the fleet has no GPUs of this product"
+        if big.free_gpus < stage_gpus:
+            return (f"a pipeline stage needs {stage_gpus} GPUs in one NVLink domain, but the largest free domain "
+                    f"({big.name}) has {big.free_gpus} free GPUs")
+        by_zone: dict[str, int] = defaultdict(int)
+        for d in self.domains:
+            by_zone[d.zone] += d.free_gpus // stage_gpus
+        best_zone = max(by_zone, key=lambda z: by_zone[z])
+        return (f"a replica needs {pp} stages of {stage_gpus} GPUs in one zone, but zone {best_zone or '(none)'} "
+                f"has room for {by_zone[best_zone]} such stages")
+
+
+def _gpu_name(product: str) -> str | None:
+    from meshplan.catalog.gpus import get_gpu
+
+    try:
+        return get_gpu(product).name
+    except KeyError:
+        return None
+
+
+def fleet_from_topology(topology: Any, name: str = "") -> Fleet:
+    """A `Fleet` from a `meshplan.topology.Topology` (its domains, free GPUs included)."""
+    return Fleet(tuple(
+        FleetDomain(name=d.name, product=d.product, gpu=_gpu_name(d.product), gpus_per_node=d.gpus_per_node,
+                    free_gpus=d.free_gpus, total_gpus=d.total_gpus, zone=d.zone, nvlink=d.nvlink)
+        for d in topology.domains
+    ), name)
+
+
+def fleet_from_objects(
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]] = (),
+    *,
+    node_selector: Mapping[str, str] | None = None,
+    name: str = "",
+    ready_if_unknown: bool = False,
+) -> Fleet:
+    """A `Fleet` from Node and Pod objects (dicts), keeping only nodes that match `node_selector`."""
+    from meshplan import topology
+
+    sel = dict(node_selector or {})
+    chosen = [n for n in nodes
+              if all(((n.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in sel.items())]
+    topo = topology.build_topology(chosen, pods, ready_if_unknown=ready_if_unknown)
+    return fleet_from_topology(topo, name)
+
+
+def load_fleet(name_or_path: str, *, node_selector: Mapping[str, str] | None = None) -> Fleet:
+    """A fleet file by built-in name (`hgx-h100`, `gb200-nvl72`, `mixed`) or YAML path, all GPUs free
+    except a node group's optional `usedGpus`."""
+    from meshplan.devcluster import fleets
+
+    spec = fleets.load_fleet(name_or_path)
+    nodes = fleets.fleet_nodes(spec)
+    used_by_prefix = {g["namePrefix"]: int(g.get("usedGpus") or 0) for g in spec["nodeGroups"]}
+    pods = []
+    for g in spec["nodeGroups"]:
+        used = used_by_prefix[g["namePrefix"]]
+        if used <= 0:
+            continue
+        for i in range(int(g["count"])):
+            pods.append({"spec": {"nodeName": f"{g['namePrefix']}-{i}",
+                                  "containers": [{"resources": {"requests": {"nvidia.com/gpu": str(used)}}}]},
+                         "status": {"phase": "Running"}})
+    return fleet_from_objects(nodes, pods, node_selector=node_selector, name=spec.get("name", name_or_path),
+                              ready_if_unknown=True)
+
+
+__all__ = ["Fleet", "FleetDomain", "fleet_from_topology", "fleet_from_objects", "load_fleet"]

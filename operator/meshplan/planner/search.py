@@ -1,0 +1,309 @@
+"""Layout search: enumerate every valid TP x EP x PP x DP layout and knob setting, evaluate it.
+
+Algorithm
+
+1. Replica shapes. For every `tp` (powers of two), `ep` (1 for dense models;
+   powers of two and the divisors of the expert count for MoE) and `pp`
+   (powers of two) with `tp * ep * pp` within the GPU budget, apply the rules
+   in order and keep the first that fails as the shape's `Rejected` reason:
+   - model: `tp` at most the attention heads; `ep` divides the experts (and is 1
+     for a dense model); `pp` at most the layers (uneven stages are allowed:
+     engines split the remainder);
+   - topology: one stage's `tp * ep` GPUs fit one NVLink domain (the GPU's
+     domain, or with a fleet the largest free domain) unless crossing the NIC
+     is explicitly allowed (`allow_cross_domain`; the performance model then
+     prices the NIC share of the collectives);
+   - engine: `engines.check_layout` (e.g. vLLM needs heads divisible by TP
+     and experts enough for EP = TP x DP; SGLang DeepEP needs tp = 1);
+   - memory: the weights plus the smallest chunk's activations and one
+     sequence of KV cache fit (`memory.memory_fit`);
+   - fleet: at least one replica's stages fit the free GPUs of one zone
+     (`Fleet.replica_slots`).
+   Pinned sizes (`SearchSpace.tensor/expert/pipeline`) restrict the values.
+2. Replicas (DP). With no load given (neither concurrency nor request rate)
+   each replica is evaluated saturated at `max_num_seqs` sequences — the
+   blog's sweep, in which the batch limit traces the throughput/interactivity
+   curve — and DP does not change per-GPU figures, so a shape is evaluated
+   once: with `dp="fill"` (default) the candidate takes every replica the
+   budget and fleet allow, with `dp="min"` one replica. With a load, the load
+   is split over DP replicas and DP moves the point along the curve, so DP takes
+   the powers of two up to the maximum plus the maximum itself. A fixed DP
+   (`dp=int`, e.g. the manifest's replicas) is used as given.
+3. Knobs. For each shape: the weight/KV dtypes (pinned, or `auto` through
+   `memory.choose_precision`), chunk sizes (128..8192 by default) and batch
+   limits (`max_num_seqs`, powers of two to 1,024 by default). Batch limits
+   beyond what the KV cache holds are dropped, the KV-cache limit itself is
+   added, and a chunk whose activations do not fit is skipped.
+4. Evaluation: `predictor(...)` (default `perf.predict`) per point, on the
+   layout AS THE ENGINE RUNS IT (`engines.engine_layout` gives the effective
+   attention TP/DP and MoE TP/EP; e.g. vLLM keeps experts whole). Both the
+   predictor and the memory model are injected, so the search is tested
+   with simple fakes and the real models alike.
+
+The number of shapes is small (tens to a few hundred even at 1,024 GPUs);
+the knob grid is 7 x 12; one prediction costs ~20 µs, so a full 64-GPU search
+is ~5k predictions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from meshplan.planner import engines as engines_mod
+from meshplan.planner.types import Candidate, Dtype, Engine, Layout, MemoryFit, Prediction, Rejected, Workload
+
+CHUNK_SIZES: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192)
+MAX_NUM_SEQS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+Predictor = Callable[..., Prediction]
+MemoryFn = Callable[..., MemoryFit]
+DpPolicy = Literal["fill", "min"] | int
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What may vary. `None` for a size means `auto` (search it)."""
+
+    tensor: int | None = None
+    expert: int | None = None
+    pipeline: int | None = None
+    chunk_sizes: tuple[int, ...] = CHUNK_SIZES
+    max_num_seqs: tuple[int, ...] = MAX_NUM_SEQS
+    weight_dtype: Dtype | Literal["auto"] = "auto"
+    kv_dtype: Dtype | Literal["auto"] = "auto"
+    accuracy_floor: Dtype = "fp8"
+    allow_cross_domain: bool = False
+    memory_fraction: float = 0.9
+    headroom: float = 0.0
+    a2a_backend: str | None = None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    candidates: tuple[Candidate, ...]
+    rejected: tuple[Rejected, ...]
+    shapes: tuple[Layout, ...]            # replica shapes that passed every rule (dp = max replicas)
+    weight_dtype: str
+    kv_dtype: str
+    evaluated: int                        # predictions made
+    notes: tuple[str, ...] = field(default=())
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, v = [], 1
+    while v <= n:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def domain_gpus(gpu: Any) -> int:
+    """GPUs one TP/EP group may span without the NIC: the NVLink domain, or for PCIe-only
+    cards the node (topology.py's PCIe rule)."""
+    return gpu.nvlink_domain if gpu.nvlink_domain > 1 else max(1, gpu.gpus_per_node)
+
+
+def shape_rule(model: Any, tp: int, ep: int, pp: int, *, domain: int, allow_cross_domain: bool,
+               engine: Engine | None, a2a_backend: str | None = None) -> str | None:
+    """The first structural rule (model, topology, engine) that `tp x ep x pp` breaks, or None."""
+    heads = model.num_attention_heads
+    if tp > heads:
+        return f"tp={tp} exceeds the {heads} attention heads of {model.name}"
+    if ep > 1 and not model.is_moe:
+        return f"ep={ep} needs a mixture-of-experts model; {model.name} is dense"
+    if model.is_moe and model.num_experts % ep:
+        return f"ep={ep} does not divide the {model.num_experts} experts of {model.name}"
+    if pp > model.num_layers:
+        return f"pp={pp} exceeds the {model.num_layers} layers of {model.name}"
+    if tp * ep > domain and not allow_cross_domain:
+        return (f"one stage (TP{tp} x EP{ep} = {tp * ep} GPUs) exceeds the {domain}-GPU NVLink domain; "
+                f"TP/EP groups stay inside a domain (set allow_cross_domain to price the NIC instead)")
+    if engine is not None:
+        return engines_mod.check_layout(Layout(tp, ep, pp), engine, model, a2a_backend=a2a_backend)
+    return None
+
+
+def _shape_values(model: Any, max_gpus: int, space: SearchSpace) -> tuple[list[int], list[int], list[int]]:
+    tps = [space.tensor] if space.tensor else _pow2_upto(max_gpus)
+    if space.expert:
+        eps = [space.expert]
+    elif model.is_moe:
+        eps = sorted(set(_pow2_upto(max_gpus)) | {d for d in _divisors(model.num_experts) if d <= max_gpus})
+    else:
+        eps = [1]
+    pps = [space.pipeline] if space.pipeline else _pow2_upto(max_gpus)
+    return tps, eps, pps
+
+
+def enumerate_shapes(
+    model: Any,
+    gpu: Any,
+    max_gpus: int,
+    *,
+    space: SearchSpace = SearchSpace(),
+    engine: Engine | None = None,
+    fleet: Any = None,
+    memory_fn: MemoryFn | None = None,
+    weight_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    context_tokens: int = 2048,
+) -> tuple[list[tuple[Layout, int]], list[Rejected]]:
+    """Replica shapes `(Layout(tp, ep, pp), max replicas)` that pass every rule, and the rejected ones.
+
+    `memory_fn=None` skips the memory rule (pure structure).
+    """
+    # With a fleet, the fleet rule below checks stages against each domain's FREE GPUs.
+    domain = domain_gpus(gpu) if fleet is None else max_gpus
+    tps, eps, pps = _shape_values(model, max_gpus, space)
+    ok: list[tuple[Layout, int]] = []
+    rejected: list[Rejected] = []
+    min_chunk = min(space.chunk_sizes)
+    for tp in tps:
+        for ep in eps:
+            for pp in pps:
+                gpr = tp * ep * pp
+                if gpr > max_gpus:
+                    continue
+                shape = Layout(tp, ep, pp)
+                reason = shape_rule(model, tp, ep, pp, domain=domain, allow_cross_domain=space.allow_cross_domain,
+                                    engine=engine, a2a_backend=space.a2a_backend)
+                if reason is None and memory_fn is not None:
+                    fit = memory_fn(model, gpu, shape, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                    context_tokens=context_tokens, chunk_size=min_chunk, max_num_seqs=1,
+                                    engine=engine or "vllm", memory_fraction=space.memory_fraction,
+                                    headroom=space.headroom)
+                    if not fit.fits:
+                        reason = f"memory: {fit.reason}"
+                max_dp = max_gpus // gpr
+                if reason is None and fleet is not None:
+                    slots = fleet.replica_slots(tp * ep, pp, cross_domain=space.allow_cross_domain)
+                    if slots == 0:
+                        reason = f"fleet: {fleet.why_no_room(tp * ep, pp)}"
+                    max_dp = min(max_dp, slots)
+                if reason is None:
+                    ok.append((shape, max_dp))
+                else:
+                    rejected.append(Rejected(shape, reason))
+    return ok, rejected
+
+
+def basic_layouts(model: Any, gpu: Any, gpus: int, *, weight_dtype: str, kv_dtype: str = "fp8",
+                  engine: Engine | None = None, memory_fn: MemoryFn | None = None,
+                  space: SearchSpace = SearchSpace(), context_tokens: int = 2048) -> list[Layout]:
+    """The blog's "basic" layouts: TP x EP x PP x DP using exactly `gpus` GPUs (the blog counts 73
+    for GPT-MoE-1.8T on 64 GPUs)."""
+    shapes, _ = enumerate_shapes(model, gpu, gpus, space=space, engine=engine, memory_fn=memory_fn,
+                                 weight_dtype=weight_dtype, kv_dtype=kv_dtype, context_tokens=context_tokens)
+    return [replace(s, dp=gpus // s.gpus_per_replica) for s, _ in shapes if gpus % s.gpus_per_replica == 0]
+
+
+def _dp_values(max_dp: int, dp: DpPolicy, loaded: bool) -> list[int]:
+    if isinstance(dp, int):
+        return [dp] if 1 <= dp <= max_dp else []
+    if not loaded:
+        return [max_dp if dp == "fill" else 1]
+    vals = set(_pow2_upto(max_dp)) | {max_dp}
+    return sorted(vals)
+
+
+def _per_replica_workload(workload: Workload, dp: int) -> Workload:
+    if workload.concurrency is not None:
+        return replace(workload, concurrency=max(1, math.ceil(workload.concurrency / dp)),
+                       max_context=workload.context)
+    if workload.request_rate is not None:
+        return replace(workload, request_rate=workload.request_rate / dp, max_context=workload.context)
+    return workload
+
+
+def _effective(layout: Layout, engine: Engine, model: Any, space: SearchSpace) -> Any:
+    """The mapping the engine really runs (attention TP/DP, MoE TP/EP, PP) for the models."""
+    from meshplan.planner.memory import ReplicaMapping
+
+    e = engines_mod.engine_layout(layout, engine, model, a2a_backend=space.a2a_backend)
+    return ReplicaMapping(attn_tp=e.attention_tp, attn_dp=e.attention_dp, moe_tp=e.moe_tp, moe_ep=e.moe_ep,
+                          pp=e.pp)
+
+
+def search(
+    model: Any,
+    gpu: Any,
+    max_gpus: int,
+    workload: Workload = Workload(),
+    *,
+    engine: Engine = "vllm",
+    space: SearchSpace = SearchSpace(),
+    fleet: Any = None,
+    dp: DpPolicy = "fill",
+    predictor: Predictor | None = None,
+    memory_fn: MemoryFn | None = None,
+    precision_fn: Callable[..., tuple[str, str]] | None = None,
+    as_engine_runs: bool = True,
+) -> SearchResult:
+    """Every valid candidate for `model` on up to `max_gpus` GPUs of `gpu` (see module doc).
+
+    `predictor`, `memory_fn` and `precision_fn` default to `perf.predict`,
+    `memory.memory_fit` and `memory.choose_precision`. `as_engine_runs=False`
+    evaluates the blog's own layout semantics instead of the engine's spelling.
+    """
+    if predictor is None or memory_fn is None or precision_fn is None:
+        from meshplan.planner import memory as memory_mod
+        from meshplan.planner import perf as perf_mod
+
+        predictor = predictor or perf_mod.predict
+        memory_fn = memory_fn or memory_mod.memory_fit
+        precision_fn = precision_fn or memory_mod.choose_precision
+    if max_gpus < 1:
+        raise ValueError(f"the GPU budget must be at least 1 GPU, got {max_gpus} (spec.gpus.maxGpus)")
+    notes: list[str] = []
+    wd, kd = space.weight_dtype, space.kv_dtype
+    if wd == "auto" or kd == "auto":
+        auto_w, auto_k = precision_fn(model, gpu, gpus=max_gpus, accuracy_floor=space.accuracy_floor)
+        if wd == "auto":
+            wd = auto_w
+            notes.append(f"weights {wd} chosen by the precision rule (accuracy floor {space.accuracy_floor})")
+        if kd == "auto":
+            kd = auto_k
+    context = workload.context
+    shapes, rejected = enumerate_shapes(model, gpu, max_gpus, space=space, engine=engine, fleet=fleet,
+                                        memory_fn=memory_fn, weight_dtype=wd, kv_dtype=kd,
+                                        context_tokens=context)
+    loaded = workload.concurrency is not None or workload.request_rate is not None
+    candidates: list[Candidate] = []
+    evaluated = 0
+    for shape, max_dp in shapes:
+        dps = _dp_values(max_dp, dp, loaded)
+        if not dps:
+            rejected.append(Rejected(shape, f"dp={dp} replicas need {dp * shape.gpus_per_replica} GPUs; "
+                                            f"only {max_dp} replicas fit"))
+            continue
+        mapping = _effective(shape, engine, model, space) if as_engine_runs else shape
+        for chunk in space.chunk_sizes:
+            fit = memory_fn(model, gpu, mapping, weight_dtype=wd, kv_dtype=kd, context_tokens=context,
+                            chunk_size=chunk, max_num_seqs=max(space.max_num_seqs), engine=engine,
+                            memory_fraction=space.memory_fraction, headroom=space.headroom)
+            if not fit.fits:
+                continue
+            cap = max(1, fit.max_concurrency)
+            seqs = sorted({s for s in space.max_num_seqs if s <= cap} | ({min(cap, max(space.max_num_seqs))}))
+            for n_dp in dps:
+                per_replica = _per_replica_workload(workload, n_dp)
+                layout = replace(shape, dp=n_dp)
+                for s in seqs:
+                    pred = predictor(model, gpu, mapping, per_replica, weight_dtype=wd, kv_dtype=kd,
+                                     chunk_size=chunk, max_num_seqs=s, engine=engine,
+                                     concurrency=None if loaded else s, memory=fit)
+                    evaluated += 1
+                    candidates.append(Candidate(layout, wd, kd, chunk, s, fit, pred, engine, gpu.name))
+    return SearchResult(tuple(candidates), tuple(rejected), tuple(replace(s, dp=d) for s, d in shapes), wd, kd,
+                        evaluated, tuple(notes))
+
+
+__all__ = ["CHUNK_SIZES", "MAX_NUM_SEQS", "SearchSpace", "SearchResult", "search", "enumerate_shapes",
+           "basic_layouts", "shape_rule", "domain_gpus"]

@@ -1,0 +1,154 @@
+"""Layout enumeration and evaluation, with simple injected predictors and the real memory model."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshplan.catalog.gpus import get_gpu
+from meshplan.catalog.models import get_model
+from meshplan.planner import memory
+from meshplan.planner.fleet import Fleet, FleetDomain
+from meshplan.planner.search import SearchSpace, basic_layouts, enumerate_shapes, search
+from meshplan.planner.types import Layout, MemoryFit, Prediction, Workload
+
+GPT = get_model("gpt-moe-1.8t")
+GB200 = get_gpu("gb200")
+BLOG_GPU = replace(GB200, name="blog-192gb", memory_gib=192e9 / 2**30)   # the blog's "192 GB" GPU
+H100 = get_gpu("h100")
+LLAMA8 = get_model("llama-3.1-8b")
+
+
+def fake_predictor(calls=None):
+    """tokens/s/user falls and tokens/s/GPU rises with the batch: enough to test the search plumbing."""
+    def predict(model, gpu, layout, workload, *, weight_dtype, kv_dtype, chunk_size, max_num_seqs, engine,
+                concurrency, memory):
+        if calls is not None:
+            calls.append((layout, workload, chunk_size, max_num_seqs, concurrency))
+        b = concurrency or workload.concurrency or 1
+        tpot = 10.0 + b / 8
+        return Prediction(ttft_ms=100.0 + chunk_size / 10, tpot_ms=tpot, tokens_per_s_per_gpu=b * 1000 / tpot / 8,
+                          tokens_per_s_per_user=1000 / tpot, concurrency=b)
+    return predict
+
+
+def always_fits(model, gpu, layout, **kw):
+    return MemoryFit(True, 0, 0, 0, 0, 0, 10**6, 100)
+
+
+def test_blog_count_of_basic_layouts_is_in_range():
+    layouts = basic_layouts(GPT, BLOG_GPU, 64, weight_dtype="fp4", memory_fn=memory.memory_fit)
+    assert 70 <= len(layouts) <= 80
+    assert all(lay.total_gpus == 64 for lay in layouts)
+    # the blog's named layouts are among them
+    for lay in (Layout(1, 8, 1, 8), Layout(1, 16, 1, 4), Layout(1, 16, 4, 1), Layout(4, 4, 4, 1),
+                Layout(64, 1, 1, 1), Layout(2, 16, 2, 1), Layout(8, 8, 1, 1)):
+        assert lay in layouts, lay
+    # FP4 weights need >= 5 GPUs, so no replica of 4 GPUs or fewer survives the memory rule
+    assert min(lay.gpus_per_replica for lay in layouts) >= 5
+
+
+def test_rejections_carry_reasons():
+    shapes, rejected = enumerate_shapes(GPT, H100, 64, weight_dtype="fp8", kv_dtype="fp8",
+                                        memory_fn=memory.memory_fit)
+    reasons = {r.layout: r.reason for r in rejected}
+    assert "exceeds the 8-GPU NVLink domain" in reasons[Layout(4, 4, 2)]
+    assert "does not divide the 16 experts" in reasons[Layout(1, 32, 1)]
+    assert reasons[Layout(8, 1, 1)].startswith("memory:")            # 1.8T in FP8 on 8 x 80 GB
+    assert all(s.gpus_per_stage <= 8 for s, _ in shapes)
+    # allowing the NIC crossing admits the cross-domain stage
+    shapes_x, _ = enumerate_shapes(GPT, H100, 64, space=SearchSpace(allow_cross_domain=True),
+                                   weight_dtype="fp8", kv_dtype="fp8", memory_fn=memory.memory_fit)
+    assert Layout(4, 4, 2) in [s for s, _ in shapes_x]
+
+
+def test_engine_rules_apply():
+    _, rejected = enumerate_shapes(GPT, BLOG_GPU, 64, engine="vllm")
+    assert any(r.layout == Layout(64, 1, 1) and "96 attention heads" in r.reason for r in rejected)
+    assert any(r.layout == Layout(2, 16, 2) and "vLLM" in r.reason for r in rejected)
+    shapes, _ = enumerate_shapes(GPT, BLOG_GPU, 64, engine="sglang")
+    assert Layout(2, 16, 2) in [s for s, _ in shapes]
+
+
+def test_pinned_sizes_restrict_the_search():
+    shapes, _ = enumerate_shapes(GPT, BLOG_GPU, 64, space=SearchSpace(tensor=4, pipeline=4))
+    assert {(s.tp, s.pp) for s, _ in shapes} == {(4, 4)}
+    assert {s.ep for s, _ in shapes} == {1, 2, 4}
+
+
+def test_dense_model_has_no_expert_parallelism():
+    shapes, _ = enumerate_shapes(LLAMA8, H100, 16)
+    assert {s.ep for s, _ in shapes} == {1}
+
+
+def test_saturated_sweep_fills_the_budget_and_uses_the_batch_as_concurrency():
+    calls: list = []
+    res = search(LLAMA8, H100, 16, Workload(isl=512, osl=128), engine="vllm",
+                 space=SearchSpace(chunk_sizes=(512, 2048), max_num_seqs=(1, 8, 64), weight_dtype="bf16",
+                                   kv_dtype="bf16"),
+                 predictor=fake_predictor(calls), memory_fn=always_fits)
+    assert res.candidates
+    assert all(c.layout.total_gpus <= 16 for c in res.candidates)
+    assert all(c.layout.total_gpus > 8 for c in res.candidates)      # dp fills 16 GPUs for every shape
+    assert {c.max_num_seqs for c in res.candidates} == {1, 8, 64}
+    assert all(conc == seqs for (_, _, _, seqs, conc) in calls)      # saturated: concurrency = batch limit
+    assert res.evaluated == len(res.candidates) == len(calls)
+    assert {c.gpu for c in res.candidates} == {"h100_sxm"}
+
+
+def test_min_dp_policy_uses_one_replica():
+    res = search(LLAMA8, H100, 16, Workload(), dp="min",
+                 space=SearchSpace(chunk_sizes=(512,), max_num_seqs=(8,), weight_dtype="bf16", kv_dtype="bf16"),
+                 predictor=fake_predictor(), memory_fn=always_fits)
+    assert {c.layout.dp for c in res.candidates} == {1}
+
+
+def test_a_load_is_split_over_replicas():
+    calls: list = []
+    res = search(LLAMA8, H100, 16, Workload(isl=512, osl=128, concurrency=64),
+                 space=SearchSpace(chunk_sizes=(512,), max_num_seqs=(256,), weight_dtype="bf16",
+                                   kv_dtype="bf16"),
+                 predictor=fake_predictor(calls), memory_fn=always_fits)
+    for layout, wl, _, _, conc in calls:
+        assert conc is None                                            # the model derives it from the load
+    per_dp = {(c.layout.tp, c.layout.dp) for c in res.candidates}
+    assert (1, 1) in per_dp and (1, 16) in per_dp and (2, 8) in per_dp
+    by_dp = {c.layout.dp: c.prediction.concurrency for c in res.candidates if c.layout.tp == 1 and c.layout.pp == 1}
+    assert by_dp[1] == 64 and by_dp[4] == 16 and by_dp[16] == 4
+
+
+def test_batch_limits_beyond_the_kv_cache_are_replaced_by_the_cache_limit():
+    def small_cache(model, gpu, layout, **kw):
+        return MemoryFit(True, 0, 0, 0, 0, 0, 1000, 48)
+    res = search(LLAMA8, H100, 8, Workload(), space=SearchSpace(chunk_sizes=(512,), max_num_seqs=(16, 32, 64, 128),
+                                                                weight_dtype="bf16", kv_dtype="bf16"),
+                 predictor=fake_predictor(), memory_fn=small_cache)
+    assert {c.max_num_seqs for c in res.candidates} == {16, 32, 48}
+
+
+def test_fleet_limits_replicas_and_rejects_with_numbers():
+    fleet = Fleet((FleetDomain("n0", "NVIDIA-H100-80GB-HBM3", "h100_sxm", 8, 6, 8, "a"),
+                   FleetDomain("n1", "NVIDIA-H100-80GB-HBM3", "h100_sxm", 8, 3, 8, "a")))
+    shapes, rejected = enumerate_shapes(LLAMA8, H100, 64, fleet=fleet)
+    got = {s: dp for s, dp in shapes}
+    assert got[Layout(4, 1, 1)] == 1            # one 4-GPU stage fits n0's 6 free GPUs, none fits n1's 3
+    assert got[Layout(2, 1, 1)] == 4            # 3 + 1
+    assert got[Layout(1, 1, 1)] == 9
+    assert Layout(8, 1, 1) in [r.layout for r in rejected]
+    why = {r.layout: r.reason for r in rejected}[Layout(8, 1, 1)]
+    assert "largest free domain (n0) has 6 free GPUs" in why
+
+
+def test_fleet_files_become_domains():
+    from meshplan.planner.fleet import load_fleet
+
+    hgx = load_fleet("hgx-h100")
+    assert hgx.gpus() == ("h100_sxm",) and hgx.free_gpus == 32 and len(hgx.domains) == 4
+    assert hgx.replica_slots(8, 2) == 2 and hgx.replica_slots(16, 1) == 0
+    assert hgx.replica_slots(16, 1, cross_domain=True) == 2
+    nvl = load_fleet("gb200-nvl72")
+    assert [d.free_gpus for d in nvl.domains] == [72, 72]          # one domain per rack (gpu.clique)
+    mixed = load_fleet("mixed")
+    assert set(mixed.gpus()) == {"gb200", "h200_sxm", "l40s"}
+    assert mixed.for_gpu("h200_sxm").free_gpus == 16
+    zone_b = load_fleet("mixed", node_selector={"topology.kubernetes.io/zone": "zone-b"})
+    assert zone_b.gpus() == ("gb200",)
