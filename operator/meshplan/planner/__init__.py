@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from meshplan.planner.objectives import OBJECTIVES, choose
+from meshplan.planner.objectives import OBJECTIVES, choose, meets_slo
 from meshplan.planner.pareto import pareto_frontier
 from meshplan.planner.search import DpPolicy, SearchSpace, search
 from meshplan.planner.types import SLO, Engine, Objective, Plan, Rejected, Workload
@@ -108,8 +108,11 @@ def plan(
                                     "kv_dtype": res.kv_dtype, "shapes": len(res.shapes),
                                     "candidates": len(res.candidates), "rejected": len(res.rejected),
                                     "notes": list(res.notes)}
-    frontier = pareto_frontier(candidates)
     chosen = choose(candidates, objective, slo, n_alternatives=n_alternatives)
+    # The frontier shown is that of the candidates that meet the SLO (where the choice lies), or of all
+    # candidates when nothing meets it.
+    eligible = [c for c in candidates if meets_slo(c.prediction, slo)] if slo is not None else candidates
+    frontier = pareto_frontier(eligible or candidates)
     reason = chosen.reason
     if not candidates and rejected:
         reason = (f"every layout was rejected; e.g. {rejected[0].layout.label()}: {rejected[0].reason}")
@@ -123,6 +126,7 @@ def plan(
         extra["engine_config"] = e.config
         extra["engine_notes"] = list(e.notes)
     extra["eligible"] = chosen.eligible
+    extra["shape_frontiers"] = shape_frontiers(candidates)
     return Plan(
         choice=chosen.choice,
         objective=objective,
@@ -135,6 +139,55 @@ def plan(
         model=getattr(model, "name", ""),
         extra=extra,
     )
+
+
+def shape_frontiers(candidates: Sequence[Any]) -> dict[str, list[tuple[float, float]]]:
+    """Per layout (`TP4·EP4·PP4 x DP4 @gb200`), its own frontier as (tokens/s/user, tokens/s/GPU)
+    points: the curves of the blog's picture."""
+    groups: dict[str, list] = {}
+    for c in candidates:
+        groups.setdefault(layout_name(c), []).append(c)
+    return {k: [(c.prediction.tokens_per_s_per_user, c.prediction.tokens_per_s_per_gpu)
+                for c in pareto_frontier(v)] for k, v in groups.items()}
+
+
+def layout_name(c: Any) -> str:
+    lay = c.layout
+    return lay.label() + (f" x DP{lay.dp}" if lay.dp > 1 else "") + (f" @{c.gpu}" if c.gpu else "")
+
+
+def candidate_to_dict(c: Any) -> dict[str, Any]:
+    """A candidate as plain data (JSON/YAML/status), units in the keys."""
+    p = c.prediction
+    return {
+        "layout": c.layout.label(), "tp": c.layout.tp, "ep": c.layout.ep, "pp": c.layout.pp, "dp": c.layout.dp,
+        "gpus_per_replica": c.layout.gpus_per_replica, "total_gpus": c.layout.total_gpus, "gpu": c.gpu,
+        "engine": c.engine, "weight_dtype": c.weight_dtype, "kv_dtype": c.kv_dtype,
+        "chunk_size": c.chunk_size, "max_num_seqs": c.max_num_seqs,
+        "memory_per_gpu_gib": round(c.memory.usable_bytes / 2**30, 2),
+        "kv_capacity_tokens": c.memory.kv_capacity_tokens,
+        "ttft_ms": round(p.ttft_ms, 2), "itl_ms": round(p.tpot_ms, 3),
+        "tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu, 3),
+        "tokens_per_s_per_user": round(p.tokens_per_s_per_user, 3),
+        "concurrency_per_replica": p.concurrency, "notes": list(p.notes),
+    }
+
+
+def plan_to_dict(p: Plan, *, rejected: bool = True) -> dict[str, Any]:
+    """A plan as plain data for `--output json|yaml` and the operator's status."""
+    out = {
+        "model": p.model, "gpu": p.gpu, "objective": p.objective, "reason": p.reason,
+        "choice": candidate_to_dict(p.choice) if p.choice is not None else None,
+        "engine_args": p.extra.get("engine_args"), "engine_config": p.extra.get("engine_config"),
+        "alternatives": [candidate_to_dict(c) for c in p.alternatives],
+        "frontier": [candidate_to_dict(c) for c in p.frontier],
+        "evaluated": p.evaluated, "eligible": p.extra.get("eligible"),
+        "search": p.extra.get("per_gpu"),
+    }
+    if rejected:
+        out["rejected"] = [{"layout": r.layout.label(), "tp": r.layout.tp, "ep": r.layout.ep, "pp": r.layout.pp,
+                            "reason": r.reason} for r in p.rejected]
+    return out
 
 
 # --------------------------------------------------------------------------- spec adapter
@@ -221,4 +274,4 @@ def plan_for_spec(spec: Any, fleet: Any = None, **overrides: Any) -> Plan:
     return plan(fleet=fleet, **kw)
 
 
-__all__ = ["plan", "plan_for_spec", "plan_inputs_from_spec", "model_from_spec", "default_budget", "DEFAULT_GPU"]
+__all__ = ["plan", "plan_for_spec", "plan_to_dict", "candidate_to_dict", "shape_frontiers", "plan_inputs_from_spec", "model_from_spec", "default_budget", "DEFAULT_GPU"]

@@ -1,0 +1,179 @@
+"""`meshplan plan MANIFEST`: the frontier, the choice and why, for one LLMDeployment manifest.
+
+    meshplan plan llmd.yaml                       # GPUs from spec.gpus (default h100_sxm)
+    meshplan plan llmd.yaml --fleet gb200-nvl72   # restricted to a fleet file's free NVLink domains
+    meshplan plan llmd.yaml --kubeconfig ~/.kube/config   # ... or a live cluster's Nodes and Pods
+    meshplan plan llmd.yaml --output json --plot frontier.png
+
+The planning itself is `meshplan.planner.plan_for_spec` (pure); this module
+only reads files or the cluster, and prints. `--plot` draws the picture of
+NVIDIA's trillion-parameter blog: tokens/s/GPU against tokens/s/user, one
+curve per layout, the overall frontier, and the choice marked (matplotlib with
+the Agg backend, imported only when asked for).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("plan", help="plan the TP/EP/PP/DP layout of an LLMDeployment manifest",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("manifest", help="LLMDeployment YAML/JSON file ('-' for stdin)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--fleet", help="fleet name (hgx-h100, gb200-nvl72, mixed) or fleet YAML file")
+    src.add_argument("--kubeconfig", help="read Nodes and Pods of this cluster to find free GPUs")
+    p.add_argument("--output", "-o", choices=("table", "json", "yaml"), default="table")
+    p.add_argument("--plot", metavar="FILE.png", help="write the throughput-vs-interactivity picture")
+    p.add_argument("--show-rejected", action="store_true", help="list every rejected layout with its reason")
+    p.set_defaults(func=run)
+
+
+def _read_manifest(path: str) -> dict[str, Any]:
+    import yaml
+
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    for d in docs:
+        if isinstance(d, dict) and d.get("kind") == "LLMDeployment":
+            return d
+    raise ValueError(f"{path}: no LLMDeployment document found (kind: LLMDeployment)")
+
+
+def fleet_from_kubeconfig(path: str, node_selector: dict[str, str] | None = None) -> Any:
+    """Free GPU capacity of a live cluster (the only I/O of the planner's CLI)."""
+    from kubernetes import client, config
+
+    from meshplan.planner.fleet import fleet_from_objects
+
+    api = config.new_client_from_config(config_file=path)
+    v1 = client.CoreV1Api(api)
+    nodes = [api.sanitize_for_serialization(n) for n in v1.list_node().items]
+    pods = [api.sanitize_for_serialization(p) for p in
+            v1.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items]
+    return fleet_from_objects(nodes, pods, node_selector=node_selector, name=path)
+
+
+def run(args: argparse.Namespace) -> int:
+    from meshplan.api.models import LLMDeployment, validate_semantics
+    from meshplan.planner import plan_for_spec, plan_to_dict
+    from meshplan.planner.fleet import load_fleet
+
+    try:
+        manifest = _read_manifest(args.manifest)
+        llmd = LLMDeployment.from_manifest(manifest)
+    except (OSError, ValueError) as exc:
+        print(f"meshplan plan: {exc}", file=sys.stderr)
+        return 2
+    problems = validate_semantics(llmd.spec)
+    if problems:
+        for msg in problems:
+            print(f"meshplan plan: {msg}", file=sys.stderr)
+        return 2
+    selector = dict(llmd.spec.gpus.node_selector or {})
+    try:
+        fleet = None
+        if args.fleet:
+            fleet = load_fleet(args.fleet, node_selector=selector)
+        elif args.kubeconfig:
+            fleet = fleet_from_kubeconfig(args.kubeconfig, selector)
+        result = plan_for_spec(llmd.spec, fleet)
+    except (ValueError, KeyError) as exc:
+        print(f"meshplan plan: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    if args.output == "json":
+        print(json.dumps(plan_to_dict(result, rejected=args.show_rejected), indent=2))
+    elif args.output == "yaml":
+        import yaml
+
+        print(yaml.safe_dump(plan_to_dict(result, rejected=args.show_rejected), sort_keys=False))
+    else:
+        print(format_table(result, show_rejected=args.show_rejected, fleet=fleet))
+    if args.plot:
+        plot_plan(result, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0 if result.choice is not None else 1
+
+
+def _row(c: Any, mark: str) -> str:
+    p = c.prediction
+    dp = f"DP{c.layout.dp}" if c.layout.dp > 1 else ""
+    return (f"{mark:1} {c.layout.label():<16} {dp:<6} {c.gpu:<10} {c.layout.total_gpus:>5} {c.chunk_size:>6} "
+            f"{c.max_num_seqs:>5} {c.weight_dtype + '/' + c.kv_dtype:<9} {p.tokens_per_s_per_gpu:>10,.1f} "
+            f"{p.tokens_per_s_per_user:>9,.1f} {p.ttft_ms:>10,.0f} {p.tpot_ms:>8,.1f}")
+
+
+def format_table(result: Any, *, show_rejected: bool = False, fleet: Any = None) -> str:
+    head = (f"  {'layout':<16} {'dp':<6} {'gpu':<10} {'gpus':>5} {'chunk':>6} {'seqs':>5} {'dtypes':<9} "
+            f"{'tok/s/GPU':>10} {'tok/s/usr':>9} {'TTFT ms':>10} {'ITL ms':>8}")
+    lines = [f"model {result.model} on {result.gpu} — objective {result.objective}"
+             + (f" — fleet {fleet.name} ({fleet.free_gpus} free GPUs)" if fleet is not None else "")]
+    lines.append(f"{result.evaluated:,} configurations evaluated, {result.extra.get('eligible', 0):,} meet the SLO, "
+                 f"{len(result.rejected):,} layouts rejected")
+    for note in result.extra.get("notes", []):
+        lines.append(f"note: {note}")
+    lines += ["", "Pareto frontier (throughput vs interactivity; * = choice):", head]
+    for c in result.frontier:
+        lines.append(_row(c, "*" if c == result.choice else ""))
+    lines += ["", "Choice:" if result.choice is not None else "No choice:", f"  {result.reason}"]
+    if result.choice is not None and result.extra.get("engine_args"):
+        lines.append(f"  engine flags: {' '.join(result.extra['engine_args'])}")
+        if result.extra.get("engine_config"):
+            lines.append(f"  engine config: {result.extra['engine_config']}")
+        for n in result.extra.get("engine_notes", []):
+            lines.append(f"  note: {n}")
+    if result.alternatives:
+        lines += ["", "Alternatives:", head] + [_row(c, "") for c in result.alternatives]
+    if result.rejected:
+        shown = result.rejected if show_rejected else result.rejected[:5]
+        lines += ["", f"Rejected layouts ({len(result.rejected)}{'' if show_rejected else ', first 5; --show-rejected for all'}):"]
+        lines += [f"  {r.layout.label():<16} {r.reason}" for r in shown]
+    return "\n".join(lines)
+
+
+def plot_plan(result: Any, path: str) -> None:
+    """The blog's picture: per-layout curves, the frontier and the choice (PNG)."""
+    import matplotlib
+
+    from meshplan.planner import layout_name
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
+    curves = result.extra.get("shape_frontiers", {})
+    # the layouts that reach the overall frontier get a colour and a legend entry; others stay grey
+    on_front = {layout_name(c) for c in result.frontier}
+    if result.choice is not None:
+        on_front.add(layout_name(result.choice))
+    for name, pts in curves.items():
+        if not pts:
+            continue
+        xs, ys = zip(*pts)
+        if name in on_front:
+            ax.plot(xs, ys, marker=".", linewidth=1, label=name)
+        else:
+            ax.plot(xs, ys, color="0.8", linewidth=0.6, zorder=0)
+    if result.frontier:
+        fx = [c.prediction.tokens_per_s_per_user for c in result.frontier]
+        fy = [c.prediction.tokens_per_s_per_gpu for c in result.frontier]
+        ax.plot(fx, fy, color="black", linewidth=2, linestyle="--", label="Pareto frontier (meets the SLO)")
+    if result.choice is not None:
+        p = result.choice.prediction
+        ax.scatter([p.tokens_per_s_per_user], [p.tokens_per_s_per_gpu], s=160, marker="*", color="red", zorder=5,
+                   label=f"choice ({result.objective}): {layout_name(result.choice)}")
+    ax.set_xlabel("interactivity: tokens/s per user")
+    ax.set_ylabel("throughput: tokens/s per GPU")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_title(f"{result.model} on {result.gpu}: throughput vs interactivity")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
