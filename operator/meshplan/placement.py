@@ -1,0 +1,364 @@
+"""Placement: a plan's replicas -> pods pinned to NVLink domains, all-or-nothing.
+
+Pure: `place(request, topology, existing)` reads only its arguments.
+
+Shape of one replica (a DP replica = one pod group)
+    stages (PP) x pods_per_stage pods, each pod `gpus_per_pod` GPUs on one node.
+    A stage is one TP x EP group: `pods_per_stage * gpus_per_pod` GPUs.
+`request_for_layout` derives this from a `Layout` and the GPUs per node:
+`gpus_per_pod` is the largest divisor of the stage size that fits one node, so
+a TP8 stage on 8-GPU nodes is one pod, a TP16 stage on 4-GPU GB200 trays is
+four pods and a TP2 stage on 8-GPU nodes is one pod of 2 GPUs.
+
+Rules (docs/architecture.md, "Placement rule")
+1. A stage never crosses an NVLink domain (see `meshplan.topology` for what a
+   domain is; PCIe nodes are domains without NVLink).
+2. Single-domain replicas: when some eligible domain is big enough (by its total
+   GPUs) to hold a whole replica, every replica must sit in one domain
+   (`single_domain=None`, the default; `True` forces it, `False` lets stages
+   spread even then). A replica that has to wait for capacity in one domain
+   waits rather than spilling its pipeline over the slower network.
+3. Otherwise stages may sit in different domains of ONE zone, never across zones.
+4. All-or-nothing: a replica gets all its pods or none, and the result says why
+   (needed vs free GPUs per domain).
+
+Algorithm
+- Eligible nodes: schedulable (the topology already dropped the others), the
+  requested product, matching the node selector.
+- Stable first: each existing replica (index -> node per pod, in rank order) that
+  is still valid (right pod count, eligible nodes, stage/zone/domain rules hold,
+  capacity left) keeps its nodes and reserves them before anything new is placed.
+  The topology must not count the deployment's own pods as used (build it with
+  `ignore_pod`), or kept replicas would be charged twice.
+- New replicas, in index order, best-fit: among domains where the replica fits,
+  the one with the fewest free GPUs left afterwards (ties: domain name). Inside a
+  domain each pod goes to the node with the fewest free GPUs that still fits it,
+  which packs a group onto few nodes and keeps whole nodes free. Best-fit, not
+  first-fit, so a small group does not break up the only domain a large group
+  could use (the fragmentation case in tests/test_placement.py).
+- Spanning replicas (rule 3): per zone, each stage goes best-fit to a domain of
+  that zone on a scratch copy of the capacity; the zone that leaves the fewest
+  free GPUs wins. Nothing is committed unless every stage found a place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from meshplan.planner.types import Layout
+from meshplan.topology import Domain, Topology
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    replicas: int
+    gpus_per_pod: int
+    pods_per_stage: int = 1
+    stages: int = 1
+    single_domain: bool | None = None          # None: required when some domain could hold a replica
+    product: str | None = None                 # nvidia.com/gpu.product the plan was sized for
+    node_selector: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("gpus_per_pod", "pods_per_stage", "stages"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"placement request {name} must be >= 1, got {getattr(self, name)}")
+        if self.replicas < 0:
+            raise ValueError(f"placement request replicas must be >= 0, got {self.replicas}")
+
+    @property
+    def gpus_per_stage(self) -> int:
+        return self.gpus_per_pod * self.pods_per_stage
+
+    @property
+    def pods_per_replica(self) -> int:
+        return self.pods_per_stage * self.stages
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.gpus_per_stage * self.stages
+
+
+def gpus_per_pod_for(gpus_per_stage: int, gpus_per_node: int) -> int:
+    """Largest divisor of the stage size that fits one node."""
+    for d in range(min(gpus_per_stage, gpus_per_node), 0, -1):
+        if gpus_per_stage % d == 0:
+            return d
+    return 1
+
+
+def request_for_layout(
+    layout: Layout,
+    gpus_per_node: int,
+    replicas: int | None = None,
+    product: str | None = None,
+    node_selector: Mapping[str, str] | None = None,
+    single_domain: bool | None = None,
+) -> PlacementRequest:
+    """The placement request for `layout` on nodes with `gpus_per_node` GPUs."""
+    g = gpus_per_pod_for(layout.gpus_per_stage, gpus_per_node)
+    return PlacementRequest(
+        replicas=layout.dp if replicas is None else replicas,
+        gpus_per_pod=g,
+        pods_per_stage=layout.gpus_per_stage // g,
+        stages=layout.pp,
+        single_domain=single_domain,
+        product=product,
+        node_selector=tuple(sorted((node_selector or {}).items())),
+    )
+
+
+@dataclass(frozen=True)
+class PodAssignment:
+    rank: int          # 0 = leader; ranks run stage by stage
+    stage: int
+    node: str
+    domain: str
+
+
+@dataclass(frozen=True)
+class ReplicaPlacement:
+    index: int
+    pods: tuple[PodAssignment, ...]
+    zone: str
+    kept: bool = False                 # True when an existing placement was kept
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p.domain for p in self.pods))
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(p.node for p in self.pods)
+
+    @property
+    def single_domain(self) -> bool:
+        return len(self.domains) == 1
+
+
+@dataclass(frozen=True)
+class UnplacedReplica:
+    index: int
+    reason: str
+    needed_gpus: int
+    gpus_per_stage: int
+    free_gpus_by_domain: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class PlacementResult:
+    request: PlacementRequest
+    placed: tuple[ReplicaPlacement, ...] = ()
+    unplaced: tuple[UnplacedReplica, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return not self.unplaced
+
+    def replica(self, index: int) -> ReplicaPlacement | None:
+        for r in self.placed:
+            if r.index == index:
+                return r
+        return None
+
+    def usage(self) -> list[tuple[str, int]]:
+        """(node, GPUs) pairs this placement takes (for Topology.with_usage)."""
+        g = self.request.gpus_per_pod
+        return [(p.node, g) for r in self.placed for p in r.pods]
+
+    def message(self) -> str:
+        if self.ok:
+            return f"placed {len(self.placed)} replica(s)"
+        return "; ".join(u.reason for u in self.unplaced)
+
+
+# ----------------------------------------------------------------------------- internals
+
+
+class _Capacity:
+    """Free GPUs per eligible node, grouped by domain; mutable scratch state."""
+
+    def __init__(self, topology: Topology, req: PlacementRequest):
+        self.free: dict[str, int] = {}
+        self.domains: dict[str, Domain] = {}
+        self.domain_nodes: dict[str, list[str]] = {}
+        self.node_domain: dict[str, str] = {}
+        selector = dict(req.node_selector)
+        for d in topology.domains:
+            if req.product and d.product != req.product:
+                continue
+            members = [n for n in d.nodes if topology.nodes[n].info.matches(selector)]
+            if not members:
+                continue
+            self.domains[d.name] = d
+            self.domain_nodes[d.name] = members
+            for n in members:
+                self.free[n] = topology.nodes[n].free_gpus
+                self.node_domain[n] = d.name
+        self.total: dict[str, int] = {n: topology.nodes[n].info.gpus for n in self.free}
+
+    def copy(self) -> "_Capacity":
+        c = object.__new__(_Capacity)
+        c.free = dict(self.free)
+        c.domains, c.domain_nodes, c.node_domain, c.total = (
+            self.domains, self.domain_nodes, self.node_domain, self.total)
+        return c
+
+    def slots(self, domain: str, g: int) -> int:
+        return sum(self.free[n] // g for n in self.domain_nodes[domain])
+
+    def max_slots(self, domain: str, g: int) -> int:
+        return sum(self.total[n] // g for n in self.domain_nodes[domain])
+
+    def domain_free(self, domain: str) -> int:
+        return sum(self.free[n] for n in self.domain_nodes[domain])
+
+    def take(self, domain: str, g: int, count: int) -> list[str]:
+        """Best-fit `count` pods of `g` GPUs onto the domain's nodes (caller checked slots)."""
+        out = []
+        for _ in range(count):
+            node = min((n for n in self.domain_nodes[domain] if self.free[n] >= g),
+                       key=lambda n: (self.free[n], n))
+            self.free[node] -= g
+            out.append(node)
+        return out
+
+
+def _needs_single_domain(req: PlacementRequest, cap: _Capacity) -> bool:
+    if req.single_domain is not None:
+        return req.single_domain
+    if req.stages == 1:
+        return True
+    return any(cap.max_slots(d, req.gpus_per_pod) >= req.pods_per_replica for d in cap.domains)
+
+
+def _assignments(req: PlacementRequest, nodes: Sequence[str], cap: _Capacity) -> tuple[PodAssignment, ...]:
+    return tuple(
+        PodAssignment(rank=i, stage=i // req.pods_per_stage, node=n, domain=cap.node_domain[n])
+        for i, n in enumerate(nodes)
+    )
+
+
+def _keep(req: PlacementRequest, nodes: Sequence[str], cap: _Capacity, single: bool) -> str:
+    """Why an existing placement cannot be kept ('' when it can); reserves on success."""
+    if len(nodes) != req.pods_per_replica:
+        return f"has {len(nodes)} pods, the plan needs {req.pods_per_replica}"
+    missing = [n for n in nodes if n not in cap.free]
+    if missing:
+        return f"node(s) {', '.join(sorted(set(missing)))} no longer eligible"
+    doms = [cap.node_domain[n] for n in nodes]
+    for s in range(req.stages):
+        stage = doms[s * req.pods_per_stage:(s + 1) * req.pods_per_stage]
+        if len(set(stage)) > 1:
+            return f"stage {s} spans NVLink domains {sorted(set(stage))}"
+    if single and len(set(doms)) > 1:
+        return "replica must sit in one NVLink domain"
+    if len({cap.domains[d].zone for d in doms}) > 1:
+        return "replica spans zones"
+    trial = dict(cap.free)
+    for n in nodes:
+        trial[n] -= req.gpus_per_pod
+        if trial[n] < 0:
+            return f"node {n} has no room left for its pod"
+    cap.free = trial
+    return ""
+
+
+def _place_single(req: PlacementRequest, cap: _Capacity) -> list[str] | None:
+    g, n = req.gpus_per_pod, req.pods_per_replica
+    fits = [d for d in cap.domains if cap.slots(d, g) >= n]
+    if not fits:
+        return None
+    best = min(fits, key=lambda d: (cap.domain_free(d) - req.gpus_per_replica, d))
+    return cap.take(best, g, n)
+
+
+def _place_spanning(req: PlacementRequest, cap: _Capacity) -> tuple[list[str], _Capacity] | None:
+    g = req.gpus_per_pod
+    best: tuple[int, str, list[str], _Capacity] | None = None
+    for zone in sorted({d.zone for d in cap.domains.values()}):
+        trial = cap.copy()
+        zone_domains = [d for d, dom in cap.domains.items() if dom.zone == zone]
+        nodes: list[str] = []
+        for _ in range(req.stages):
+            fits = [d for d in zone_domains if trial.slots(d, g) >= req.pods_per_stage]
+            if not fits:
+                break
+            d = min(fits, key=lambda d: (trial.domain_free(d) - req.gpus_per_stage, d))
+            nodes += trial.take(d, g, req.pods_per_stage)
+        else:
+            left = sum(trial.domain_free(d) for d in zone_domains)
+            if best is None or (left, zone) < (best[0], best[1]):
+                best = (left, zone, nodes, trial)
+    if best is None:
+        return None
+    return best[2], best[3]
+
+
+def _unplaced(index: int, req: PlacementRequest, cap: _Capacity, single: bool) -> UnplacedReplica:
+    free = tuple(sorted(((d, cap.domain_free(d)) for d in cap.domains), key=lambda x: (-x[1], x[0])))
+    if not cap.domains:
+        sel = dict(req.node_selector)
+        what = f"product {req.product}" if req.product else "GPUs"
+        return UnplacedReplica(
+            index, f"replica {index}: no schedulable nodes with {what}"
+            + (f" matching node selector {sel}" if sel else ""),
+            req.gpus_per_replica, req.gpus_per_stage, free)
+    g = req.gpus_per_pod
+    largest = max(cap.max_slots(d, g) for d in cap.domains) * g
+    shown = ", ".join(f"{d}={f}" for d, f in free[:6]) + (f" (+{len(free) - 6} more)" if len(free) > 6 else "")
+    if req.gpus_per_stage > largest:
+        why = (f"a stage needs {req.gpus_per_stage} GPUs in one NVLink domain but the largest eligible "
+               f"domain holds {largest}; use a smaller TP x EP or GPUs with a larger NVLink domain")
+    elif single:
+        why = (f"needs {req.pods_per_replica} pod(s) x {g} GPUs = {req.gpus_per_replica} GPUs in one "
+               f"NVLink domain; free GPUs per domain: {shown}")
+    else:
+        why = (f"needs {req.stages} stage(s) of {req.pods_per_stage} pod(s) x {g} GPUs, each stage in one "
+               f"NVLink domain and all in one zone; free GPUs per domain: {shown}")
+    return UnplacedReplica(index, f"replica {index} {why}", req.gpus_per_replica, req.gpus_per_stage, free)
+
+
+def place(
+    request: PlacementRequest,
+    topology: Topology,
+    existing: Mapping[int, Sequence[str]] | None = None,
+) -> PlacementResult:
+    """Place `request.replicas` replicas; keep valid `existing` ones (index -> nodes by rank)."""
+    cap = _Capacity(topology, request)
+    single = _needs_single_domain(request, cap)
+    placed: dict[int, ReplicaPlacement] = {}
+    notes: list[str] = []
+    for index in sorted(existing or {}):
+        if index >= request.replicas:
+            continue
+        nodes = list((existing or {})[index])
+        why = _keep(request, nodes, cap, single)
+        if why:
+            notes.append(f"replica {index} moves: {why}")
+            continue
+        asg = _assignments(request, nodes, cap)
+        placed[index] = ReplicaPlacement(index, asg, cap.domains[asg[0].domain].zone, kept=True)
+
+    unplaced: list[UnplacedReplica] = []
+    for index in range(request.replicas):
+        if index in placed:
+            continue
+        nodes = _place_single(request, cap)
+        if nodes is None and not single:
+            spanning = _place_spanning(request, cap)
+            if spanning is not None:
+                nodes, cap = spanning
+        if nodes is None:
+            unplaced.append(_unplaced(index, request, cap, single))
+            continue
+        asg = _assignments(request, nodes, cap)
+        placed[index] = ReplicaPlacement(index, asg, cap.domains[asg[0].domain].zone)
+    return PlacementResult(
+        request=request,
+        placed=tuple(placed[i] for i in sorted(placed)),
+        unplaced=tuple(unplaced),
+        notes=tuple(notes),
+    )
