@@ -166,6 +166,25 @@ class ApiModel(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+def _cel_literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)  # keeps the decimal point: CEL does not mix int and double
+    if isinstance(value, str):
+        return f"'{value}'"
+    return str(value)
+
+
+def _or_default(model: type, field: str, obj: str = "self") -> str:
+    """CEL for a field that has a default: the API server validates a section's
+    `default: {}` against its rules before filling nested defaults, so rules
+    must not assume defaulted fields are present."""
+    info = model.model_fields[field]
+    alias = to_camel(field)
+    return f"(has({obj}.{alias}) ? {obj}.{alias} : {_cel_literal(info.default)})"
+
+
 def _auto_or_int(what: str, maximum: int, minimum: int = 1):
     """`auto` or a pinned integer: an int-or-string in the CRD, checked by CEL."""
     return Annotated[
@@ -541,7 +560,8 @@ class EngineSpec(ApiModel):
 
     RULES = (
         Rule(
-            f"self.allowPlanOverride || self.extraArgs.all(a, !a.matches('{PLAN_OWNED_FLAG_RE}'))",
+            "(has(self.allowPlanOverride) && self.allowPlanOverride) || !has(self.extraArgs) || "
+            f"self.extraArgs.all(a, !a.matches('{PLAN_OWNED_FLAG_RE}'))",
             "spec.engine.extraArgs must not set flags the plan owns (parallel sizes, max-num-seqs, batched tokens, "
             "chunked prefill, kv-cache dtype): pin them in spec.parallelism/spec.precision, or set "
             "spec.engine.allowPlanOverride: true",
@@ -586,13 +606,19 @@ class WorkloadSpec(ApiModel):
             ".concurrency",
             lambda w: not (w.request_rate is not None and w.concurrency is not None),
         ),
-        Rule(
-            "!has(self.maxContext) || self.maxContext >= self.inputTokens + self.outputTokens",
-            "spec.workload.maxContext must be at least inputTokens + outputTokens",
-            ".maxContext",
-            lambda w: w.max_context is None or w.max_context >= w.input_tokens + w.output_tokens,
-        ),
     )
+
+
+WorkloadSpec.RULES = (
+    *WorkloadSpec.RULES,
+    Rule(
+        f"!has(self.maxContext) || self.maxContext >= "
+        f"{_or_default(WorkloadSpec, 'input_tokens')} + {_or_default(WorkloadSpec, 'output_tokens')}",
+        "spec.workload.maxContext must be at least inputTokens + outputTokens",
+        ".maxContext",
+        lambda w: w.max_context is None or w.max_context >= w.input_tokens + w.output_tokens,
+    ),
+)
 
 
 class SLOSpec(ApiModel):
@@ -754,27 +780,30 @@ class AutoscalingSpec(ApiModel):
     max_step_down: int = Field(default=1, ge=1, le=1000, description="Most replicas removed in one decision.")
     metrics: MetricNames = _section(MetricNames, description="Metric name overrides.")
 
-    RULES = (
-        Rule(
-            "!self.enabled || has(self.maxReplicas)",
-            "spec.autoscaling.maxReplicas is required when autoscaling is enabled",
-            ".maxReplicas",
-            lambda a: not a.enabled or a.max_replicas is not None,
-            "FieldValueRequired",
-        ),
-        Rule(
-            "!has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
-            "spec.autoscaling.minReplicas must not exceed maxReplicas",
-            ".minReplicas",
-            lambda a: a.max_replicas is None or a.min_replicas <= a.max_replicas,
-        ),
-        Rule(
-            "self.downThreshold < self.upThreshold",
-            "spec.autoscaling.downThreshold must be below upThreshold (else replicas oscillate)",
-            ".downThreshold",
-            lambda a: a.down_threshold < a.up_threshold,
-        ),
-    )
+
+
+_A = AutoscalingSpec
+AutoscalingSpec.RULES = (
+    Rule(
+        f"!{_or_default(_A, 'enabled')} || has(self.maxReplicas)",
+        "spec.autoscaling.maxReplicas is required when autoscaling is enabled",
+        ".maxReplicas",
+        lambda a: not a.enabled or a.max_replicas is not None,
+        "FieldValueRequired",
+    ),
+    Rule(
+        f"!has(self.maxReplicas) || {_or_default(_A, 'min_replicas')} <= self.maxReplicas",
+        "spec.autoscaling.minReplicas must not exceed maxReplicas",
+        ".minReplicas",
+        lambda a: a.max_replicas is None or a.min_replicas <= a.max_replicas,
+    ),
+    Rule(
+        f"{_or_default(_A, 'down_threshold')} < {_or_default(_A, 'up_threshold')}",
+        "spec.autoscaling.downThreshold must be below upThreshold (else replicas oscillate)",
+        ".downThreshold",
+        lambda a: a.down_threshold < a.up_threshold,
+    ),
+)
 
 
 # ---------------------------------------------------------------------------- NCCL
@@ -807,14 +836,17 @@ class NcclSpec(ApiModel):
 # ----------------------------------------------------------------------------- spec
 
 
+_AUTOSCALING_ON = "(has(self.autoscaling) && has(self.autoscaling.enabled) && self.autoscaling.enabled)"
+
+
 def _pinned_product_cel() -> str:
     def term(f: str) -> str:
         return f"(has(self.parallelism.{f}) && type(self.parallelism.{f}) == int ? self.parallelism.{f} : 1)"
 
+    min_replicas = _or_default(AutoscalingSpec, "min_replicas", "self.autoscaling")
+    replicas = "(has(self.replicas) ? self.replicas : 1)"
     replicas = (
-        "(has(self.autoscaling) && self.autoscaling.enabled ? "
-        "(self.autoscaling.minReplicas > 0 ? self.autoscaling.minReplicas : 1) : "
-        "(self.replicas > 0 ? self.replicas : 1))"
+        f"({_AUTOSCALING_ON} ? ({min_replicas} > 0 ? {min_replicas} : 1) : ({replicas} > 0 ? {replicas} : 1))"
     )
     return (
         "!has(self.gpus) || !has(self.gpus.maxGpus) || !has(self.parallelism) || "
@@ -879,14 +911,14 @@ class LLMDeploymentSpec(ApiModel):
             _pinned_fits_budget,
         ),
         Rule(
-            "self.objective != 'minCostWithinSLO' || has(self.slo)",
+            "!has(self.objective) || self.objective != 'minCostWithinSLO' || has(self.slo)",
             "spec.slo is required when spec.objective is minCostWithinSLO",
             ".objective",
             lambda s: s.objective != "minCostWithinSLO" or s.slo is not None,
             "FieldValueRequired",
         ),
         Rule(
-            "!has(self.autoscaling) || !self.autoscaling.enabled || (has(self.slo) && (has(self.slo.ttftMs) || "
+            f"!{_AUTOSCALING_ON} || (has(self.slo) && (has(self.slo.ttftMs) || "
             "has(self.slo.itlMs) || has(self.slo.minTokensPerSecondPerUser)))",
             "spec.autoscaling.enabled needs a latency target in spec.slo (ttftMs, itlMs or minTokensPerSecondPerUser)",
             ".autoscaling.enabled",
