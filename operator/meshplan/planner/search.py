@@ -31,7 +31,7 @@ Algorithm
    (`dp=int`, e.g. the manifest's replicas) is used as given.
 3. Knobs. For each shape: the weight/KV dtypes (pinned, or `auto` through
    `memory.choose_precision`), chunk sizes (128..8192 by default) and batch
-   limits (`max_num_seqs`, powers of two to 1,024 by default). Batch limits
+   limits (`max_num_seqs`, powers of two by default). Batch limits
    beyond what the KV cache holds are dropped, the KV-cache limit itself is
    added, and a chunk whose activations do not fit is skipped.
 4. Evaluation: `predictor(...)` (default `perf.predict`) per point, on the
@@ -41,7 +41,7 @@ Algorithm
    with simple fakes and the real models alike.
 
 The number of shapes is small (tens to a few hundred even at 1,024 GPUs);
-the knob grid is 7 x 12; one prediction costs ~20 µs, so a full 64-GPU search
+the knob grid is 7 chunks x ~10-14 batch limits; one prediction costs ~20 µs, so a full 64-GPU search
 is ~5k predictions.
 """
 
@@ -56,7 +56,10 @@ from meshplan.planner import engines as engines_mod
 from meshplan.planner.types import Candidate, Dtype, Engine, Layout, MemoryFit, Prediction, Rejected, Workload
 
 CHUNK_SIZES: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192)
-MAX_NUM_SEQS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# Batch limits: powers of two up to what the KV cache holds (a 64-GPU pipeline replica holds many
+# more sequences than an 8-GPU one, so a fixed ceiling would handicap large replicas).
+MAX_NUM_SEQS_CEILING = 65536        # the API's bound of spec.parallelism.maxNumSeqs
+MAX_NUM_SEQS: tuple[int, ...] = tuple(2**i for i in range(17))
 
 Predictor = Callable[..., Prediction]
 MemoryFn = Callable[..., MemoryFit]
@@ -291,7 +294,7 @@ def search(
             if not fit.fits:
                 continue
             cap = max(1, fit.max_concurrency)
-            seqs = sorted({s for s in space.max_num_seqs if s <= cap} | ({min(cap, max(space.max_num_seqs))}))
+            seqs = sorted({s for s in space.max_num_seqs if s <= cap} | {min(cap, max(space.max_num_seqs))})
             for n_dp in dps:
                 per_replica = _per_replica_workload(workload, n_dp)
                 layout = replace(shape, dp=n_dp)
