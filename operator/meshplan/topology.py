@@ -323,26 +323,11 @@ class Topology:
         topo = build_topology_from_infos(infos, used.items())
         return Topology(nodes=topo.nodes, domains=topo.domains, excluded=self.excluded)
 
-    def to_fleet(self, product: str | None = None, free_only: bool = True) -> dict[str, Any]:
-        """The GPU budget as the planner sees it: per product the GPUs and NVLink domains.
+    def to_fleet(self, name: str = "") -> Any:
+        """The planner's view of this topology (`meshplan.planner.fleet.Fleet`: free GPUs per domain)."""
+        from meshplan.planner.fleet import fleet_from_topology
 
-        Returns `{product: {"gpus": n, "gpus_per_node": g, "domains": [free or total
-        GPUs per domain, largest first], "nvlink": bool}}`; `product` restricts it
-        to one product. A thin adapter: the planner's fleet type is built from it.
-        """
-        out: dict[str, dict[str, Any]] = {}
-        for d in self.domains:
-            if product and d.product != product:
-                continue
-            e = out.setdefault(d.product, {"gpus": 0, "gpus_per_node": d.gpus_per_node, "domains": [],
-                                           "nvlink": d.nvlink})
-            n = d.free_gpus if free_only else d.total_gpus
-            e["gpus"] += n
-            e["gpus_per_node"] = max(e["gpus_per_node"], d.gpus_per_node)
-            e["domains"].append(n)
-        for e in out.values():
-            e["domains"].sort(reverse=True)
-        return out
+        return fleet_from_topology(self, name)
 
 
 def build_topology_from_infos(

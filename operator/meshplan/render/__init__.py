@@ -1,0 +1,283 @@
+"""Rendering: plan x placement -> the Kubernetes objects of one LLMDeployment.
+
+Pure: `render_deployment(...)` takes the plan's `Candidate`, the
+`PlacementResult`, the `Topology` it was computed on and plain settings, and
+returns manifests (dicts) plus explanations. No client, no clock: the same
+inputs always give the same objects, which is what golden tests and
+server-side apply want.
+
+What is rendered
+- one client Service `<name>` selecting the leaders (role=leader) of every group;
+- per placed replica group `i`: a headless Service `<name>-r<i>`, its pods
+  `<name>-r<i>-<rank>` (see `workloads` for why bare Pods), and a NVIDIA
+  ComputeDomain when the group uses multi-node NVLink and the DRA CRDs exist;
+- unplaced replicas render nothing (all-or-nothing); their reasons stay in the
+  placement result for status.
+
+Each pod carries `meshplan.dev/plan-hash`: a hash of everything that shapes the
+pods except where they run (layout, precision, knobs, engine settings, image,
+env, NCCL settings). The controller replaces a group whose hash differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from meshplan.placement import PlacementResult, ReplicaPlacement
+from meshplan.planner.types import Candidate
+from meshplan.render.engine_args import (
+    DEFAULT_IMAGES,
+    EngineCommand,
+    PodRole,
+    RenderError,
+    ServingOptions,
+    engine_command,
+)
+from meshplan.render.nccl import Explanation, GroupTopology, nccl_env
+from meshplan.render.workloads import (
+    ANNOTATION_DOMAIN,
+    ANNOTATION_EXPLAIN,
+    ASSIGNED_NODE_ANNOTATION,
+    LABEL_PLAN_HASH,
+    LABEL_RANK,
+    LABEL_REPLICA,
+    LABEL_ROLE,
+    LABEL_STAGE,
+    base_labels,
+    child_name,
+    client_service,
+    compute_domain,
+    engine_pod,
+    group_service_name,
+    headless_service,
+    node_affinity,
+    owner_reference,
+    pod_name,
+)
+from meshplan.topology import DEFAULT_TOLERATIONS, Topology
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The LLMDeployment the children belong to."""
+
+    name: str
+    namespace: str = "default"
+    uid: str = ""
+
+
+@dataclass(frozen=True)
+class NetworkOptions:
+    """spec.nccl plus what the cluster offers."""
+
+    transport: str = "auto"
+    socket_ifname: str | None = None
+    ib_hca: str | None = None
+    env: tuple[Mapping[str, Any], ...] = ()
+    compute_domains: bool = False          # the NVIDIA DRA ComputeDomain CRD is installed
+
+
+@dataclass(frozen=True)
+class PodOptions:
+    """Pod-level settings from spec (image, env, node selector) and the operator."""
+
+    image: str | None = None
+    env: tuple[Mapping[str, Any], ...] = ()             # spec.engine.env (Kubernetes EnvVar dicts)
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Mapping[str, Any], ...] = DEFAULT_TOLERATIONS
+    weights_secret: tuple[str, str] | None = None        # (Secret name, key) -> HF_TOKEN
+    service_account: str | None = None
+
+
+@dataclass(frozen=True)
+class RenderedGroup:
+    index: int
+    service: dict[str, Any]
+    pods: tuple[dict[str, Any], ...]
+    compute_domain: dict[str, Any] | None = None
+    explain: tuple[Explanation, ...] = ()
+
+    @property
+    def objects(self) -> list[dict[str, Any]]:
+        return ([self.compute_domain] if self.compute_domain else []) + [self.service, *self.pods]
+
+
+@dataclass(frozen=True)
+class Rendered:
+    client_service: dict[str, Any]
+    groups: tuple[RenderedGroup, ...]
+    plan_hash: str
+    explain: tuple[Explanation, ...] = field(default=())
+
+    @property
+    def objects(self) -> list[dict[str, Any]]:
+        out = [self.client_service]
+        for g in self.groups:
+            out += g.objects
+        return out
+
+
+def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOptions, pods: PodOptions,
+              gpus_per_pod: int, pods_per_replica: int) -> str:
+    """10 hex chars over everything that shapes the pods except their nodes."""
+    doc = {
+        "layout": dataclasses.asdict(candidate.layout),
+        "weight_dtype": candidate.weight_dtype, "kv_dtype": candidate.kv_dtype,
+        "chunk_size": candidate.chunk_size, "max_num_seqs": candidate.max_num_seqs,
+        "serving": dataclasses.asdict(serving),
+        "network": dataclasses.asdict(network),
+        "pods": dataclasses.asdict(pods),
+        "gpus_per_pod": gpus_per_pod, "pods_per_replica": pods_per_replica,
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def _group_topology(replica: ReplicaPlacement, topology: Topology) -> GroupTopology:
+    nodes = set(replica.nodes)
+    domains = [topology.domain(d) for d in replica.domains]
+    mnnvl = any(
+        d.nvlink and d.multi_node and len({p.node for p in replica.pods if p.domain == d.name}) > 1
+        for d in domains
+    )
+    return GroupTopology(nodes=len(nodes), nvlink=all(d.nvlink for d in domains), multi_node_nvlink=mnnvl,
+                         spans_domains=len(domains) > 1)
+
+
+def _merge_env(*layers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Later layers win by name; order of first appearance kept."""
+    out: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        for e in layer:
+            out[e["name"]] = dict(e)
+    return list(out.values())
+
+
+def render_group(
+    owner: Owner,
+    candidate: Candidate,
+    replica: ReplicaPlacement,
+    topology: Topology,
+    serving: ServingOptions,
+    network: NetworkOptions,
+    pods: PodOptions,
+    *,
+    gpus_per_pod: int,
+    plan_hash_value: str,
+    gated: bool = True,
+) -> RenderedGroup:
+    """Objects of one placed replica group."""
+    ns, name = owner.namespace, owner.name
+    owner_ref = owner_reference(name, owner.uid)
+    labels = base_labels(name, serving.engine)
+    svc_name = group_service_name(name, replica.index)
+    group_labels = {**labels, LABEL_REPLICA: str(replica.index), LABEL_PLAN_HASH: plan_hash_value}
+    n_pods = len(replica.pods)
+    hosts = tuple(f"{pod_name(name, replica.index, p.rank)}.{svc_name}.{ns}.svc" for p in replica.pods)
+
+    gt = _group_topology(replica, topology)
+    nccl = nccl_env(gt, network.transport, socket_ifname=network.socket_ifname, ib_hca=network.ib_hca,
+                    user_env=network.env, compute_domain_available=network.compute_domains)
+    cd_obj = None
+    claim_template = None
+    if nccl.needs_compute_domain:
+        claim_template = child_name(name, f"r{replica.index}-imex")
+        cd_obj = compute_domain(name=child_name(name, f"r{replica.index}-cd"), namespace=ns, owner=owner_ref,
+                                labels=group_labels, nodes=gt.nodes, claim_template=claim_template)
+    secret_env = []
+    if pods.weights_secret:
+        secret_env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": pods.weights_secret[0], "key": pods.weights_secret[1]}}})
+    shared_env = _merge_env(nccl.env, secret_env, pods.env)
+    env_names = tuple(e["name"] for e in shared_env)
+
+    image = pods.image or DEFAULT_IMAGES[serving.engine]
+    out_pods = []
+    commands: list[EngineCommand] = []
+    all_ports: dict[str, int] = {}
+    for p in replica.pods:
+        role = PodRole(rank=p.rank, pods=n_pods, gpus_per_pod=gpus_per_pod, leader_host=hosts[0],
+                       peer_hosts=hosts, env_names=env_names)
+        cmd = engine_command(candidate, serving, role)
+        commands.append(cmd)
+        for pn, port in cmd.ports:
+            all_ports.setdefault(pn, port)
+        bootstrap_env = [
+            {"name": "MESHPLAN_REPLICA", "value": str(replica.index)},
+            {"name": "MESHPLAN_NODE_RANK", "value": str(p.rank)},
+            {"name": "MESHPLAN_NNODES", "value": str(n_pods)},
+            {"name": "MESHPLAN_LEADER_ADDRESS", "value": hosts[0]},
+        ]
+        # On the pod: why each NCCL variable is set, and every warning; engine flags explain
+        # themselves in args (the full list is Rendered.explain, printed by `meshplan render --explain`).
+        explain_lines = [e.line() for e in (*nccl.explain, *(e for e in cmd.explain if e.level == "warning"))]
+        domain = topology.domain(p.domain)
+        node = topology.nodes[p.node].info
+        pod = engine_pod(
+            name=pod_name(name, replica.index, p.rank),
+            namespace=ns,
+            owner=owner_ref,
+            labels={**group_labels, LABEL_ROLE: "leader" if p.rank == 0 else "worker",
+                    LABEL_RANK: str(p.rank), LABEL_STAGE: str(p.stage)},
+            annotations={ASSIGNED_NODE_ANNOTATION: p.node, ANNOTATION_DOMAIN: p.domain,
+                         ANNOTATION_EXPLAIN: "\n".join(explain_lines)},
+            subdomain=svc_name,
+            image=image,
+            command=cmd.command,
+            args=cmd.args,
+            env=_merge_env(bootstrap_env, shared_env),
+            ports=cmd.ports,
+            gpus=gpus_per_pod,
+            serves_http=cmd.serves_http,
+            affinity=node_affinity(domain.match_labels, domain.product, node.hostname),
+            tolerations=pods.tolerations,
+            node_selector=dict(pods.node_selector),
+            gated=gated,
+            compute_domain_claim_template=claim_template,
+            service_account=pods.service_account,
+        )
+        out_pods.append(pod)
+    svc = headless_service(name=svc_name, namespace=ns, owner=owner_ref, labels=group_labels,
+                           selector={"meshplan.dev/deployment": name, LABEL_REPLICA: str(replica.index)},
+                           ports=sorted(all_ports.items(), key=lambda x: x[1]))
+    explain = tuple(dict.fromkeys((*nccl.explain, *commands[0].explain)))
+    return RenderedGroup(replica.index, svc, tuple(out_pods), cd_obj, explain)
+
+
+def render_deployment(
+    owner: Owner,
+    candidate: Candidate,
+    placement: PlacementResult,
+    topology: Topology,
+    serving: ServingOptions,
+    network: NetworkOptions = NetworkOptions(),
+    pods: PodOptions = PodOptions(),
+    *,
+    gated: bool = True,
+) -> Rendered:
+    """All children of one LLMDeployment for the placed replicas (see module doc)."""
+    if serving.engine != candidate.engine:
+        serving = dataclasses.replace(serving, engine=candidate.engine)
+    req = placement.request
+    h = plan_hash(candidate, serving, network, pods, req.gpus_per_pod, req.pods_per_replica)
+    labels = base_labels(owner.name, serving.engine)
+    client = client_service(name=child_name(owner.name), namespace=owner.namespace,
+                            owner=owner_reference(owner.name, owner.uid), labels=labels,
+                            selector={"meshplan.dev/deployment": owner.name, LABEL_ROLE: "leader"},
+                            port=serving.port)
+    groups = tuple(
+        render_group(owner, candidate, r, topology, serving, network, pods, gpus_per_pod=req.gpus_per_pod,
+                     plan_hash_value=h, gated=gated)
+        for r in placement.placed
+    )
+    explain = tuple(dict.fromkeys(e for g in groups for e in g.explain))
+    return Rendered(client, groups, h, explain)
+
+
+__all__ = [
+    "NetworkOptions", "Owner", "PodOptions", "RenderError", "Rendered", "RenderedGroup", "ServingOptions",
+    "plan_hash", "render_deployment", "render_group",
+]

@@ -1,0 +1,226 @@
+"""Kubernetes objects of one LLMDeployment: replica-group Pods, Services, ComputeDomains.
+
+Pure builders returning plain dicts. `meshplan.render.render_deployment` wires
+them together; the controller applies them with server-side apply.
+
+Why bare Pods, not a StatefulSet per group
+- Each pod is pinned to the node placement chose (stage by stage, possibly in
+  different NVLink domains); a StatefulSet has one pod template, so per-ordinal
+  affinity is impossible.
+- Gang start: every pod is created with the scheduling gate `meshplan.dev/gang`
+  and the controller removes the gates only when the whole group exists
+  (all-or-nothing); a StatefulSet creates pods one ordinal at a time and would
+  need patching of pods it owns anyway.
+- Recovery is the operator's job in either case (a group with a dead leader must
+  restart as a group), so a StatefulSet would add a second controller to fight.
+Scheduling gates can only be removed after creation (KEP-3521): the controller
+must create pods with `gated=True` and never re-apply the gate to a released
+pod (render with `gated=False` for the apply of running groups).
+
+Names: `<name>` is the client Service, `<name>-r<i>` the group's headless Service,
+`<name>-r<i>-<rank>` its pods (hostname = pod name, subdomain = headless
+Service, so `<pod>.<name>-r<i>.<ns>.svc` resolves before the pods are ready:
+`publishNotReadyAddresses`). Names are cut to 63 characters with a hash suffix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Mapping, Sequence
+
+from meshplan.topology import ASSIGNED_NODE_ANNOTATION, GPU_RESOURCE, LABEL_PRODUCT
+
+API_VERSION = "meshplan.dev/v1alpha1"
+KIND = "LLMDeployment"
+GANG_GATE = "meshplan.dev/gang"
+LABEL_DEPLOYMENT = "meshplan.dev/deployment"
+LABEL_REPLICA = "meshplan.dev/replica"
+LABEL_ROLE = "meshplan.dev/role"
+LABEL_RANK = "meshplan.dev/rank"
+LABEL_STAGE = "meshplan.dev/stage"
+LABEL_PLAN_HASH = "meshplan.dev/plan-hash"
+ANNOTATION_DOMAIN = "meshplan.dev/nvlink-domain"
+ANNOTATION_EXPLAIN = "meshplan.dev/explain"
+IMEX_CLAIM = "imex-channel"
+COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"   # NVIDIA DRA driver for GPUs
+
+# Probes on the leader's GET /health. Loading a large model takes minutes: the
+# startup probe allows 10 s x 180 = 30 min before liveness takes over.
+STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 180
+READINESS_PERIOD_S, LIVENESS_PERIOD_S, PROBE_TIMEOUT_S = 10, 20, 5
+
+
+def child_name(base: str, suffix: str = "", max_len: int = 63) -> str:
+    """`base-suffix` as a DNS label (starts with a letter, <= 63 chars, hash-cut when long)."""
+    name = f"{base}-{suffix}" if suffix else base
+    if not name[:1].isalpha():
+        name = f"m{name}"
+    if len(name) <= max_len:
+        return name
+    h = hashlib.sha256(name.encode()).hexdigest()[:6]
+    keep = max_len - len(suffix) - len(h) - 2
+    return f"{name[:keep].rstrip('-')}-{h}-{suffix}" if suffix else f"{name[:max_len - 7].rstrip('-')}-{h}"
+
+
+def owner_reference(name: str, uid: str) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def base_labels(name: str, engine: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": engine,
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "inference",
+        "app.kubernetes.io/managed-by": "meshplan",
+        LABEL_DEPLOYMENT: name,
+    }
+
+
+def group_service_name(name: str, replica: int) -> str:
+    return child_name(name, f"r{replica}")
+
+
+def pod_name(name: str, replica: int, rank: int) -> str:
+    return child_name(name, f"r{replica}-{rank}")
+
+
+def node_affinity(match_labels: Sequence[tuple[str, str]], product: str, node_hostname: str | None) -> dict:
+    """Required: the NVLink domain's labels and the planned product; preferred: the planned node."""
+    exprs = [{"key": k, "operator": "In", "values": [v]} for k, v in match_labels]
+    if not any(k == LABEL_PRODUCT for k, _ in match_labels):
+        exprs.append({"key": LABEL_PRODUCT, "operator": "In", "values": [product]})
+    aff: dict[str, Any] = {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": exprs}]}}
+    if node_hostname and not any(k == "kubernetes.io/hostname" for k, _ in match_labels):
+        aff["preferredDuringSchedulingIgnoredDuringExecution"] = [{
+            "weight": 100,
+            "preference": {"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node_hostname]}]},
+        }]
+    return {"nodeAffinity": aff}
+
+
+def _probe(port_name: str, period: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": "/health", "port": port_name}, "periodSeconds": period,
+            "timeoutSeconds": PROBE_TIMEOUT_S, "failureThreshold": failures}
+
+
+def engine_pod(
+    *,
+    name: str,
+    namespace: str,
+    owner: Mapping[str, Any],
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    subdomain: str,
+    image: str,
+    command: Sequence[str],
+    args: Sequence[str],
+    env: Sequence[Mapping[str, Any]],
+    ports: Sequence[tuple[str, int]],
+    gpus: int,
+    serves_http: bool,
+    affinity: Mapping[str, Any],
+    tolerations: Sequence[Mapping[str, Any]],
+    node_selector: Mapping[str, str] | None = None,
+    gated: bool = True,
+    compute_domain_claim_template: str | None = None,
+    service_account: str | None = None,
+) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": image,
+        "command": list(command),
+        "args": list(args),
+        "env": [dict(e) for e in env],
+        "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports],
+        "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    if serves_http:
+        container["startupProbe"] = _probe("http", STARTUP_PERIOD_S, STARTUP_FAILURES)
+        container["readinessProbe"] = _probe("http", READINESS_PERIOD_S, 3)
+        container["livenessProbe"] = _probe("http", LIVENESS_PERIOD_S, 3)
+    spec: dict[str, Any] = {
+        "hostname": name,
+        "subdomain": subdomain,
+        "restartPolicy": "Always",
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,
+        "affinity": dict(affinity),
+        "tolerations": [dict(t) for t in tolerations],
+        "containers": [container],
+        # NCCL and the engines' worker processes exchange tensors through /dev/shm;
+        # the container runtime's default is 64 MiB. Memory-backed, counted against
+        # the pod's memory.
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    }
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    if service_account:
+        spec["serviceAccountName"] = service_account
+    if gated:
+        spec["schedulingGates"] = [{"name": GANG_GATE}]
+    if compute_domain_claim_template:
+        spec["resourceClaims"] = [{"name": IMEX_CLAIM, "resourceClaimTemplateName": compute_domain_claim_template}]
+        container["resources"]["claims"] = [{"name": IMEX_CLAIM}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels),
+                     "annotations": dict(annotations), "ownerReferences": [dict(owner)]},
+        "spec": spec,
+    }
+
+
+def headless_service(*, name: str, namespace: str, owner: Mapping[str, Any], labels: Mapping[str, str],
+                     selector: Mapping[str, str], ports: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels), "ownerReferences": [dict(owner)]},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,     # workers resolve the leader before it is ready
+            "selector": dict(selector),
+            "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in ports],
+        },
+    }
+
+
+def client_service(*, name: str, namespace: str, owner: Mapping[str, Any], labels: Mapping[str, str],
+                   selector: Mapping[str, str], port: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels), "ownerReferences": [dict(owner)]},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": dict(selector),
+            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def compute_domain(*, name: str, namespace: str, owner: Mapping[str, Any], labels: Mapping[str, str],
+                   nodes: int, claim_template: str) -> dict[str, Any]:
+    """NVIDIA DRA driver ComputeDomain (resource.nvidia.com/v1beta1) for one MNNVL group.
+
+    `numNodes` is the group's node count: required by driver releases before the
+    IMEXDaemonsWithDNSNames gate, deprecated (ignored) after it.
+    """
+    return {
+        "apiVersion": COMPUTE_DOMAIN_API,
+        "kind": "ComputeDomain",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels), "ownerReferences": [dict(owner)]},
+        "spec": {"numNodes": nodes, "channel": {"resourceClaimTemplate": {"name": claim_template}}},
+    }
+
+
+__all__ = [
+    "ANNOTATION_DOMAIN", "ANNOTATION_EXPLAIN", "ASSIGNED_NODE_ANNOTATION", "GANG_GATE", "LABEL_DEPLOYMENT",
+    "LABEL_PLAN_HASH", "LABEL_RANK", "LABEL_REPLICA", "LABEL_ROLE", "LABEL_STAGE", "base_labels", "child_name",
+    "client_service", "compute_domain", "engine_pod", "group_service_name", "headless_service", "node_affinity",
+    "owner_reference", "pod_name",
+]

@@ -1,0 +1,78 @@
+"""Golden files: every engine x fleet renders exactly the reviewed manifests.
+
+    pytest tests/test_render_golden.py                              # compare
+    MESHPLAN_UPDATE_GOLDEN=1 pytest tests/test_render_golden.py     # rewrite tests/golden/*.yaml
+
+A rewrite is a change to review in the diff: the files are the contract of
+what meshplan applies (engine flags, bootstrap, NCCL env, affinity, gates).
+The plan is built directly (types.Candidate) so these tests do not move when
+the planner's model does.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from _gpu_nodes import gb200_nvl72, hgx_h100, l40s
+
+from meshplan.placement import place, request_for_layout
+from meshplan.planner.types import Candidate, Layout, MemoryFit, Prediction
+from meshplan.render import NetworkOptions, Owner, PodOptions, render_deployment
+from meshplan.render.engine_args import ServingOptions
+from meshplan.topology import build_topology
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("MESHPLAN_UPDATE_GOLDEN") == "1"
+
+_MEM = MemoryFit(fits=True, weights_bytes=0, kv_bytes_per_token=0, activation_bytes=0, runtime_bytes=0,
+                 usable_bytes=0, kv_capacity_tokens=0, max_concurrency=0)
+_PRED = Prediction(ttft_ms=0, tpot_ms=0, tokens_per_s_per_gpu=0, tokens_per_s_per_user=0, concurrency=0)
+
+# fleet -> (nodes, gpus per node, product, layout, weight dtype, kv dtype, chunk, max seqs, model, checkpoint dtype, network)
+SCENARIOS = {
+    # Llama-3.1-405B FP8, TP8 x PP2 over two HGX nodes (stages in two NVLink domains, InfiniBand between).
+    "hgx-h100": (hgx_h100(4), 8, "NVIDIA-H100-80GB-HBM3", Layout(tp=8, pp=2, dp=2), "fp8", "fp8", 2048, 128,
+                 "meta-llama/Llama-3.1-405B-Instruct", "bf16",
+                 NetworkOptions(transport="infiniband", socket_ifname="eth0", ib_hca="mlx5_0,mlx5_1")),
+    # DeepSeek-R1 (FP8 checkpoint), TP4 x EP4 over four GB200 trays of one NVL72 clique (MNNVL + ComputeDomain).
+    "gb200-nvl72": (gb200_nvl72(1, 18), 4, "NVIDIA-GB200", Layout(tp=4, ep=4, dp=2), "fp8", "fp8", 1024, 256,
+                    "deepseek-ai/DeepSeek-R1", "fp8", NetworkOptions(compute_domains=True)),
+    # Mixtral-8x7B on PCIe L40S: TP2 per replica, three replicas packed best-fit on two 4-GPU nodes.
+    "l40s": (l40s(2, gpus=4), 4, "NVIDIA-L40S", Layout(tp=2, dp=3), "fp8", "bf16", 512, 64,
+             "mistralai/Mixtral-8x7B-Instruct-v0.1", "bf16", NetworkOptions(transport="tcp")),
+}
+
+
+def render_scenario(engine: str, fleet: str) -> list[dict]:
+    nodes, per_node, product, layout, wd, kvd, chunk, seqs, model, ckpt, network = SCENARIOS[fleet]
+    topo = build_topology(nodes)
+    placement = place(request_for_layout(layout, per_node, product=product), topo)
+    assert placement.ok, placement.message()
+    cand = Candidate(layout=layout, weight_dtype=wd, kv_dtype=kvd, chunk_size=chunk, max_num_seqs=seqs,
+                     memory=_MEM, prediction=_PRED, engine=engine)
+    serving = ServingOptions(engine=engine, model=model, served_name=model.split("/")[-1].lower(),
+                             checkpoint_dtype=ckpt)
+    pods = PodOptions(weights_secret=("hf-token", "token"))
+    out = render_deployment(Owner("llm", "serving", "0b9e4c1a-5f6d-4e1a-9c1b-1234567890ab"), cand, placement,
+                            topo, serving, network, pods)
+    return out.objects
+
+
+@pytest.mark.parametrize("fleet", sorted(SCENARIOS))
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_golden(engine: str, fleet: str) -> None:
+    text = yaml.safe_dump_all(render_scenario(engine, fleet), sort_keys=True, width=120, allow_unicode=True)
+    path = GOLDEN / f"{engine}-{fleet}.yaml"
+    if UPDATE or not path.exists():
+        if not UPDATE:
+            pytest.fail(f"{path} missing: run MESHPLAN_UPDATE_GOLDEN=1 pytest {__file__}")
+        path.write_text(text, encoding="utf-8")
+        return
+    want = path.read_text(encoding="utf-8")
+    if text != want:
+        diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True), str(path), "rendered", n=2))
+        pytest.fail(f"rendered manifests differ from {path} (MESHPLAN_UPDATE_GOLDEN=1 to accept):\n{diff[:6000]}")
