@@ -31,7 +31,8 @@ Algorithm
    (`dp=int`, e.g. the manifest's replicas) is used as given.
 3. Knobs. For each shape: the weight/KV dtypes (pinned, or `auto` through
    `memory.choose_precision`), chunk sizes (128..8192 by default) and batch
-   limits (`max_num_seqs`, powers of two by default). Batch limits
+   limits (`max_num_seqs`, powers of two by default); `auto` dtypes are
+   decided once per GPU product, independent of the budget. Batch limits
    beyond what the KV cache holds are dropped, the KV-cache limit itself is
    added, and a chunk whose activations do not fit is skipped.
 4. Evaluation: `predictor(...)` (default `perf.predict`) per point, on the
@@ -267,7 +268,9 @@ def search(
     notes: list[str] = []
     wd, kd = space.weight_dtype, space.kv_dtype
     if wd == "auto" or kd == "auto":
-        auto_w, auto_k = precision_fn(model, gpu, gpus=max_gpus, accuracy_floor=space.accuracy_floor)
+        # Decided per GPU product at one NVLink domain's memory (the rule's default), NOT from the budget:
+        # a dtype that changed with the budget could make more GPUs plan slower.
+        auto_w, auto_k = precision_fn(model, gpu, accuracy_floor=space.accuracy_floor)
         if wd == "auto":
             wd = auto_w
             notes.append(f"weights {wd} chosen by the precision rule (accuracy floor {space.accuracy_floor})")
