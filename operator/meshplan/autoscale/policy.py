@@ -1,0 +1,492 @@
+"""The SLO autoscaling decision: how many DP replica groups, now (pure).
+
+`decide(state, snapshot, config, capacity, now) -> Decision` is a pure
+function: the controller passes the clock, the metrics it fetched, the
+planner's per-replica capacity and how many whole replica groups still fit the
+free NVLink domains, and stores `Decision.state` (JSON) in the deployment's
+status for the next evaluation.
+
+Signals
+- SLO ratio = observed percentile / target, for TTFT and ITL (each only when
+  the SLO sets a target). An idle deployment has no latency samples: ratio 0.
+- Demand = completed requests/s + queued requests / `queue_drain_s`. Completed
+  requests alone under-read demand when replicas are saturated (they complete
+  at most what they can serve); the queue term is what is piling up.
+- Replicas the load needs = demand / (per-replica capacity at SLO x
+  `target_load_fraction`), from the planner's requests/s at SLO and/or its
+  concurrency at SLO (running + queued / concurrency), whichever needs more.
+  When latency breaches the SLO for a whole up window at a load the planner
+  thought fine, the observed load per replica becomes the capacity estimate
+  (the planner was optimistic; do not scale back down into the same breach).
+  The estimate rises again whenever all ready replicas are seen serving more
+  per replica within the SLO, so one bad spell does not pin the fleet high.
+
+Rules, in order
+1. Replica bounds first: a count outside [min, max] (the spec changed) is
+   corrected at once, whatever the metrics.
+2. Untrusted metrics (`snapshot.assess`: Prometheus down, stale scrapes,
+   NaN/Inf/negative, no latency samples while serving) hold the current count,
+   reset both windows and set `ScalingActive=False` with the reason. Missing
+   data never scales down, and never to zero.
+3. Scale up when any SLO ratio is above `up_threshold`, or the load needs more
+   replicas than there are, continuously for `up_window_s`. Jump straight to
+   max(current + 1, replicas the load needs), at most `max_step_up` at once.
+   While an earlier scale-up is still starting (ready < desired), only the
+   load may ask for more: the latency it sees predates the new replicas.
+4. Scale down when every SLO ratio is below `down_threshold` and the load
+   needs fewer replicas, continuously for the longer `down_window_s`; go to
+   what the load needs, at most `max_step_down` at once, never below min,
+   and to zero only when min is 0 and there is no traffic at all.
+5. At most one change per `cooldown_s`.
+6. Only whole replica groups that fit free NVLink domains count
+   (`ReplicaCapacity.additional_replicas_that_fit`): if the wanted count does
+   not fit, scale to what fits and set `ScalingLimited=True` with the numbers;
+   likewise at `max_replicas`.
+
+Defaults (production values; all overridable)
+- up_window 60 s: two to four evaluations at a 15-30 s timer, over a 2 m rate
+  window: long enough to ignore one slow batch, short against the minutes a
+  replica takes to load weights.
+- down_window 300 s: the HPA's default scale-down stabilisation window
+  (kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/#stabilization-window).
+- cooldown 120 s; up_threshold 1.0 (the target itself); max_step_up 4,
+  max_step_down 1 (adding is urgent, removing is not).
+- down_threshold 0.8: latency has a floor (ITL at batch 1 is often 50-70 % of
+  an interactive ITL target), so a lower threshold such as 0.6 can forbid any
+  scale-down; the capacity check (load must need fewer replicas) is the main
+  guard, the latency threshold the second.
+- target_load_fraction 0.9: size to 90 % of capacity at SLO (headroom for
+  noise in a 2 m rate); queue_drain_s 60; metrics older than 90 s are stale.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from meshplan.autoscale.snapshot import MetricsSnapshot, assess
+from meshplan.planner.types import SLO
+
+# Decision reasons (machine-readable).
+SCALED_UP = "ScaledUp"
+SCALED_DOWN = "ScaledDown"
+BOUNDS_CORRECTED = "ReplicaBoundsCorrected"
+WITHIN_SLO = "WithinSLO"
+SCALE_UP_PENDING = "ScaleUpPending"
+SCALE_DOWN_PENDING = "ScaleDownPending"
+COOLDOWN = "CooldownActive"
+WAITING_FOR_REPLICAS = "WaitingForReplicas"
+SCALING_LIMITED = "ScalingLimited"
+# Condition types and their reasons (HPA-style: ScalingActive, ScalingLimited).
+COND_SCALING_ACTIVE = "ScalingActive"
+COND_SCALING_LIMITED = "ScalingLimited"
+REASON_VALID_METRICS = "ValidMetrics"
+REASON_INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+REASON_MAX_REPLICAS = "MaxReplicasReached"
+REASON_NOT_LIMITED = "NotLimited"
+
+
+class AutoscaleConfigError(ValueError):
+    pass
+
+
+_SPEC_TO_ATTR = {
+    "minReplicas": "min_replicas",
+    "maxReplicas": "max_replicas",
+    "upThreshold": "up_threshold",
+    "downThreshold": "down_threshold",
+}
+
+
+@dataclass(frozen=True)
+class AutoscaleConfig:
+    min_replicas: int = 1
+    max_replicas: int = 8
+    ttft_target_s: float | None = None
+    itl_target_s: float | None = None
+    up_threshold: float = 1.0
+    down_threshold: float = 0.8
+    up_window_s: float = 60.0
+    down_window_s: float = 300.0
+    cooldown_s: float = 120.0
+    max_step_up: int = 4
+    max_step_down: int = 1
+    max_metrics_age_s: float = 90.0
+    target_load_fraction: float = 0.9
+    queue_drain_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, spec_name: str, fix: str) -> None:
+            if not ok:
+                attr = _SPEC_TO_ATTR.get(spec_name, spec_name)
+                raise AutoscaleConfigError(f"autoscaling.{spec_name}: {fix} (got {getattr(self, attr)!r})")
+
+        need(_is_int(self.min_replicas) and self.min_replicas >= 0, "minReplicas", "must be an integer >= 0")
+        need(
+            _is_int(self.max_replicas) and self.max_replicas >= max(1, self.min_replicas),
+            "maxReplicas",
+            "must be an integer >= minReplicas and >= 1",
+        )
+        for name, camel in (("ttft_target_s", "ttftTarget"), ("itl_target_s", "itlTarget")):
+            v = getattr(self, name)
+            if v is not None and not (_is_num(v) and v > 0):
+                raise AutoscaleConfigError(f"autoscaling.{camel}: must be a positive number of seconds (got {v!r})")
+        if self.ttft_target_s is None and self.itl_target_s is None:
+            raise AutoscaleConfigError("slo: set ttftMs and/or itlMs; the autoscaler scales on latency targets")
+        need(_is_num(self.up_threshold) and self.up_threshold > 0, "upThreshold", "must be > 0")
+        need(
+            _is_num(self.down_threshold) and 0 < self.down_threshold < self.up_threshold,
+            "downThreshold",
+            "must be > 0 and below upThreshold",
+        )
+        for name, camel in (
+            ("up_window_s", "upWindowSeconds"),
+            ("down_window_s", "downWindowSeconds"),
+            ("cooldown_s", "cooldownSeconds"),
+        ):
+            v = getattr(self, name)
+            if not (_is_num(v) and v >= 0):
+                raise AutoscaleConfigError(f"autoscaling.{camel}: must be a number of seconds >= 0 (got {v!r})")
+        need(self.down_window_s >= self.up_window_s, "down_window_s", "must be >= upWindowSeconds")
+        need(_is_int(self.max_step_up) and self.max_step_up >= 1, "max_step_up", "must be an integer >= 1")
+        need(_is_int(self.max_step_down) and self.max_step_down >= 1, "max_step_down", "must be an integer >= 1")
+        need(_is_num(self.max_metrics_age_s) and self.max_metrics_age_s > 0, "max_metrics_age_s", "must be > 0")
+        need(
+            _is_num(self.target_load_fraction) and 0 < self.target_load_fraction <= 1,
+            "target_load_fraction",
+            "must be in (0, 1]",
+        )
+        need(_is_num(self.queue_drain_s) and self.queue_drain_s > 0, "queue_drain_s", "must be > 0")
+
+    @classmethod
+    def from_slo(cls, slo: SLO, *, min_replicas: int, max_replicas: int, **overrides: Any) -> AutoscaleConfig:
+        return cls(
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            ttft_target_s=None if slo.ttft_ms is None else slo.ttft_ms / 1000.0,
+            itl_target_s=None if slo.itl_ms is None else slo.itl_ms / 1000.0,
+            **overrides,
+        )
+
+
+@dataclass(frozen=True)
+class ReplicaCapacity:
+    """What one replica can take and how many more fit, as the controller knows it now.
+
+    - requests_per_s_at_slo / concurrency_at_slo: per replica, from the planner's
+      prediction for the chosen layout (either may be None).
+    - additional_replicas_that_fit: whole replica groups placeable in free NVLink
+      domains now (None: not limited / unknown). See `capacity.count_fitting`.
+    - free_gpus_by_domain: for the ScalingLimited message.
+    - ready_replicas: replicas serving now (None: unknown).
+    """
+
+    requests_per_s_at_slo: float | None = None
+    concurrency_at_slo: float | None = None
+    gpus_per_replica: int = 1
+    additional_replicas_that_fit: int | None = None
+    free_gpus_by_domain: tuple[tuple[str, int], ...] = ()
+    ready_replicas: int | None = None
+
+    @classmethod
+    def with_domains(cls, free_gpus_by_domain: Mapping[str, int], **kw: Any) -> ReplicaCapacity:
+        return cls(free_gpus_by_domain=tuple(sorted(free_gpus_by_domain.items())), **kw)
+
+
+@dataclass(frozen=True)
+class AutoscaleState:
+    """What the policy remembers between evaluations (kept in status as JSON)."""
+
+    desired_replicas: int
+    above_since: float | None = None        # up signal continuously true since
+    below_since: float | None = None        # down signal continuously true since
+    last_change_at: float | None = None
+    learned_rps_per_replica: float | None = None  # load per replica at which the SLO broke
+    learned_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None, *, default_replicas: int) -> AutoscaleState:
+        """Rebuild from status; anything malformed falls back to a fresh state at `default_replicas`."""
+        if not isinstance(data, Mapping):
+            return cls(desired_replicas=default_replicas)
+        try:
+            replicas = data["desired_replicas"]
+            if not _is_int(replicas) or replicas < 0:
+                raise ValueError
+            kw: dict[str, Any] = {"desired_replicas": replicas}
+            for name in ("above_since", "below_since", "last_change_at", "learned_rps_per_replica", "learned_at"):
+                v = data.get(name)
+                if v is not None and not (_is_num(v) and math.isfinite(v)):
+                    raise ValueError
+                kw[name] = None if v is None else float(v)
+            return cls(**kw)
+        except (KeyError, ValueError, TypeError):
+            return cls(desired_replicas=default_replicas)
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str  # "True" | "False"
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    desired_replicas: int
+    previous_replicas: int
+    reason: str
+    message: str
+    conditions: tuple[Condition, ...]
+    state: AutoscaleState
+    wanted_replicas: int                     # before step, max and capacity limits
+    load_replicas: int | None = None         # replicas the observed load needs
+    slo_ratios: tuple[tuple[str, float], ...] = ()
+    demand_rps: float | None = None
+    inputs: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def changed(self) -> bool:
+        return self.desired_replicas != self.previous_replicas
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["conditions"] = [asdict(c) for c in self.conditions]
+        d["slo_ratios"] = dict(self.slo_ratios)
+        return d
+
+
+# --- the decision ------------------------------------------------------------
+
+
+def decide(
+    state: AutoscaleState,
+    snapshot: MetricsSnapshot,
+    config: AutoscaleConfig,
+    capacity: ReplicaCapacity,
+    now: float,
+) -> Decision:
+    current = state.desired_replicas
+    inputs = {"metrics": snapshot.to_dict(), "now": now}
+
+    # 1. bounds (spec-driven, applied whatever the metrics say)
+    if current < config.min_replicas or current > config.max_replicas:
+        wanted = min(max(current, config.min_replicas), config.max_replicas)
+        target, limit = _fit(current, wanted, config, capacity)
+        conds = (_active_or_not(snapshot, config, now), limit or _not_limited())
+        msg = f"replicas {current} outside [{config.min_replicas}, {config.max_replicas}]: {current} -> {target}"
+        if limit:
+            msg += f"; {limit.message}"
+        new_state = _changed_state(state, target, now) if target != current else state
+        return Decision(target, current, BOUNDS_CORRECTED, msg, conds, new_state, wanted, inputs=inputs)
+
+    # 2. trust the metrics or hold
+    problem, why = assess(
+        snapshot,
+        now=now,
+        max_age_s=config.max_metrics_age_s,
+        require_ttft=config.ttft_target_s is not None,
+        require_itl=config.itl_target_s is not None,
+    )
+    if problem:
+        cond = Condition(COND_SCALING_ACTIVE, "False", problem, f"holding {current} replicas: {why}")
+        held = replace(state, above_since=None, below_since=None)
+        return Decision(current, current, problem, cond.message, (cond,), held, current, inputs=inputs)
+
+    # 3. signals
+    ratios = _slo_ratios(snapshot, config)
+    worst = max((r for _, r in ratios), default=0.0)
+    queue = snapshot.queue_depth or 0.0
+    running = snapshot.running or 0.0
+    demand = (snapshot.request_rate_per_s or 0.0) + queue / config.queue_drain_s
+    no_traffic = demand == 0 and running == 0
+
+    learned, learned_at = state.learned_rps_per_replica, state.learned_at
+    ready = capacity.ready_replicas
+    settled = ready is None or ready >= current
+    load_replicas = _replicas_for_load(demand, queue + running, capacity, learned, config, no_traffic)
+    # Evidence the other way: all replicas serve more per replica within SLO than learned.
+    if learned is not None and settled and current > 0 and worst <= config.up_threshold and demand / current > learned:
+        learned, learned_at = demand / current, now
+        if capacity.requests_per_s_at_slo is not None and learned >= capacity.requests_per_s_at_slo:
+            learned, learned_at = None, None
+
+    up = worst > config.up_threshold or (load_replicas is not None and load_replicas > current)
+    down = (
+        current > config.min_replicas
+        and all(r < config.down_threshold for _, r in ratios)
+        and (load_replicas is None or load_replicas < current)
+        and not (current == 1 and not no_traffic)
+    )
+    above_since = (state.above_since if state.above_since is not None else now) if up else None
+    below_since = (state.below_since if state.below_since is not None else now) if down else None
+    base = replace(state, above_since=above_since, below_since=below_since, learned_rps_per_replica=learned, learned_at=learned_at)
+    active = Condition(COND_SCALING_ACTIVE, "True", REASON_VALID_METRICS, "metrics are fresh and valid")
+    signal = _describe(ratios, config, demand, queue, load_replicas, capacity, learned)
+    extra = dict(load_replicas=load_replicas, slo_ratios=ratios, demand_rps=demand, inputs=inputs)
+    in_cooldown = state.last_change_at is not None and now - state.last_change_at < config.cooldown_s
+
+    if up:
+        held_s = now - above_since
+        if held_s < config.up_window_s:
+            msg = f"{signal}; above threshold for {held_s:.0f}s of {config.up_window_s:.0f}s"
+            return Decision(current, current, SCALE_UP_PENDING, msg, (active,), base, current, **extra)
+        if in_cooldown:
+            msg = f"{signal}; cooldown until {state.last_change_at + config.cooldown_s - now:.0f}s from now"
+            return Decision(current, current, COOLDOWN, msg, (active,), base, current, **extra)
+        if settled:
+            if worst > config.up_threshold and current > 0 and demand > 0 and (learned is None or demand / current < learned):
+                # The SLO broke at this load per replica for a whole window: that is the
+                # real capacity, whatever the planner predicted.
+                learned, learned_at = demand / current, now
+                base = replace(base, learned_rps_per_replica=learned, learned_at=learned_at)
+                load_replicas = _replicas_for_load(demand, queue + running, capacity, learned, config, no_traffic)
+                extra["load_replicas"] = load_replicas
+                signal = _describe(ratios, config, demand, queue, load_replicas, capacity, learned)
+            wanted = max(current + 1, load_replicas or 0)
+        else:
+            wanted = max(current, load_replicas or 0)
+            if wanted == current:
+                msg = f"{signal}; {ready} of {current} replicas ready, waiting for them before adding more"
+                return Decision(current, current, WAITING_FOR_REPLICAS, msg, (active,), base, current, **extra)
+        stepped = min(wanted, current + config.max_step_up)
+        target, limit = _fit(current, stepped, config, capacity)
+        conds = (active, limit or _not_limited())
+        if target == current:
+            msg = f"{signal}; want {wanted} replicas, holding {current}: {limit.message if limit else 'no room'}"
+            return Decision(current, current, SCALING_LIMITED, msg, conds, base, wanted, **extra)
+        msg = f"{signal}; scaling {current} -> {target}" + (f" (wanted {wanted})" if wanted != target else "")
+        if limit:
+            msg += f"; {limit.message}"
+        return Decision(target, current, SCALED_UP, msg, conds, _changed_state(base, target, now), wanted, **extra)
+
+    not_limited = _not_limited()
+    if down:
+        held_s = now - below_since
+        if held_s < config.down_window_s:
+            msg = f"{signal}; below threshold for {held_s:.0f}s of {config.down_window_s:.0f}s"
+            return Decision(current, current, SCALE_DOWN_PENDING, msg, (active, not_limited), base, current, **extra)
+        if in_cooldown:
+            msg = f"{signal}; cooldown until {state.last_change_at + config.cooldown_s - now:.0f}s from now"
+            return Decision(current, current, COOLDOWN, msg, (active, not_limited), base, current, **extra)
+        floor = load_replicas if load_replicas is not None else current - 1
+        wanted = max(floor, config.min_replicas)
+        target = max(wanted, current - config.max_step_down)
+        msg = f"{signal}; scaling {current} -> {target}"
+        return Decision(
+            target, current, SCALED_DOWN, msg, (active, not_limited), _changed_state(base, target, now), wanted, **extra
+        )
+
+    return Decision(current, current, WITHIN_SLO, signal, (active, not_limited), base, current, **extra)
+
+
+# --- helpers -----------------------------------------------------------------
+
+
+def _slo_ratios(s: MetricsSnapshot, c: AutoscaleConfig) -> tuple[tuple[str, float], ...]:
+    out = []
+    for name, observed, target in (("ttft", s.ttft_s, c.ttft_target_s), ("itl", s.itl_s, c.itl_target_s)):
+        if target is not None:
+            # assess() guarantees a missing latency only when nothing is being served
+            out.append((name, 0.0 if observed is None else observed / target))
+    return tuple(out)
+
+
+def _replicas_for_load(
+    demand_rps: float,
+    in_flight: float,
+    cap: ReplicaCapacity,
+    learned_rps: float | None,
+    c: AutoscaleConfig,
+    no_traffic: bool,
+) -> int | None:
+    needs = []
+    rps = cap.requests_per_s_at_slo
+    if learned_rps is not None:
+        rps = learned_rps if rps is None else min(rps, learned_rps)
+    if rps is not None and rps > 0:
+        needs.append(demand_rps / (rps * c.target_load_fraction))
+    if cap.concurrency_at_slo is not None and cap.concurrency_at_slo > 0:
+        needs.append(in_flight / (cap.concurrency_at_slo * c.target_load_fraction))
+    if not needs:
+        return None
+    # tolerate float noise so exactly-at-capacity does not round up; any traffic needs one
+    return max(0 if no_traffic else 1, math.ceil(max(needs) - 1e-9))
+
+
+def _fit(current: int, wanted: int, c: AutoscaleConfig, cap: ReplicaCapacity) -> tuple[int, Condition | None]:
+    """Apply max replicas and whole-group placement to an upward target."""
+    if wanted <= current:
+        return wanted, None
+    target, limit = wanted, None
+    if target > c.max_replicas:
+        target = c.max_replicas
+        limit = Condition(
+            COND_SCALING_LIMITED,
+            "True",
+            REASON_MAX_REPLICAS,
+            f"wanted {wanted} replicas, maxReplicas is {c.max_replicas}",
+        )
+    fits = cap.additional_replicas_that_fit
+    if fits is not None and target - current > max(fits, 0):
+        placeable = current + max(fits, 0)
+        domains = ", ".join(f"{d}={g}" for d, g in cap.free_gpus_by_domain) or "none"
+        limit = Condition(
+            COND_SCALING_LIMITED,
+            "True",
+            REASON_INSUFFICIENT_CAPACITY,
+            f"wanted {wanted} replicas, only {placeable} fit: {max(fits, 0)} more whole group(s) of "
+            f"{cap.gpus_per_replica} GPUs fit the free NVLink domains (free GPUs per domain: {domains})",
+        )
+        target = placeable
+    return target, limit
+
+
+def _not_limited() -> Condition:
+    return Condition(COND_SCALING_LIMITED, "False", REASON_NOT_LIMITED, "the wanted replica count fits")
+
+
+def _active_or_not(s: MetricsSnapshot, c: AutoscaleConfig, now: float) -> Condition:
+    problem, why = assess(s, now=now, max_age_s=c.max_metrics_age_s)
+    if problem:
+        return Condition(COND_SCALING_ACTIVE, "False", problem, why)
+    return Condition(COND_SCALING_ACTIVE, "True", REASON_VALID_METRICS, "metrics are fresh and valid")
+
+
+def _changed_state(state: AutoscaleState, target: int, now: float) -> AutoscaleState:
+    return replace(state, desired_replicas=target, above_since=None, below_since=None, last_change_at=now)
+
+
+def _describe(
+    ratios: tuple[tuple[str, float], ...],
+    c: AutoscaleConfig,
+    demand: float,
+    queue: float,
+    load_replicas: int | None,
+    cap: ReplicaCapacity,
+    learned: float | None,
+) -> str:
+    targets = {"ttft": c.ttft_target_s, "itl": c.itl_target_s}
+    parts = [f"{n.upper()} at {r * targets[n]:.3g}s is {r:.2f}x its {targets[n]:.3g}s target" for n, r in ratios]
+    load = f"demand {demand:.3g} req/s ({queue:.0f} queued)"
+    if load_replicas is not None:
+        per = cap.requests_per_s_at_slo
+        if learned is not None:
+            per = learned if per is None else min(per, learned)
+        per_txt = f"{per:.3g} req/s per replica at SLO" if per is not None else f"{cap.concurrency_at_slo:.3g} in flight per replica"
+        load += f" needs {load_replicas} replicas ({per_txt}, sized to {c.target_load_fraction:.0%})"
+    return "; ".join(parts + [load])
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

@@ -1,0 +1,414 @@
+"""The SLO autoscaling policy: table of cases and properties."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from meshplan.autoscale import policy as P
+from meshplan.autoscale.policy import (
+    AutoscaleConfig,
+    AutoscaleConfigError,
+    AutoscaleState,
+    ReplicaCapacity,
+    decide,
+)
+from meshplan.autoscale.snapshot import (
+    METRICS_INVALID,
+    METRICS_STALE,
+    METRICS_UNAVAILABLE,
+    MetricsSnapshot,
+)
+from meshplan.planner.types import SLO
+
+T0 = 1_000_000.0
+CFG = AutoscaleConfig(min_replicas=1, max_replicas=10, ttft_target_s=1.0, itl_target_s=0.05)
+CAP = ReplicaCapacity(requests_per_s_at_slo=2.0)  # sized at 90 %: 1.8 req/s per replica
+
+
+def snap(ttft: float | None = 0.5, itl: float | None = 0.03, rps: float = 3.0, queue: float = 0, running: float = 20,
+         age: float = 5.0, t: float | None = None) -> MetricsSnapshot:
+    return MetricsSnapshot(ok=True, ttft_s=ttft, itl_s=itl, request_rate_per_s=rps, queue_depth=queue, running=running,
+                           sample_age_s=age, sample_time=t)
+
+
+def run(state: AutoscaleState, s: MetricsSnapshot, times: list[float], cfg: AutoscaleConfig = CFG,
+        cap: ReplicaCapacity = CAP) -> list[P.Decision]:
+    out = []
+    for t in times:
+        d = decide(state, s, cfg, cap, t)
+        state = d.state
+        out.append(d)
+    return out
+
+
+# --- scale up ---------------------------------------------------------------
+
+
+def test_no_scale_up_before_the_up_window() -> None:
+    hot = snap(ttft=1.5, rps=3.0)  # load alone needs 2 (3 / 1.8); latency 1.5x
+    ds = run(AutoscaleState(desired_replicas=2), hot, [T0, T0 + 30, T0 + 59])
+    assert [d.desired_replicas for d in ds] == [2, 2, 2]
+    assert {d.reason for d in ds} == {P.SCALE_UP_PENDING}
+    assert ds[-1].state.above_since == T0
+
+
+def test_scale_up_after_the_up_window() -> None:
+    hot = snap(ttft=1.5, rps=3.0)
+    ds = run(AutoscaleState(desired_replicas=2), hot, [T0, T0 + 30, T0 + 60])
+    assert ds[-1].desired_replicas == 3 and ds[-1].reason == P.SCALED_UP
+    assert ds[-1].state.last_change_at == T0 + 60
+    assert ds[-1].state.above_since is None  # a fresh window after a change
+    assert "1.50x" in ds[-1].message and "2 -> 3" in ds[-1].message
+
+
+def test_a_dip_restarts_the_up_window() -> None:
+    state = AutoscaleState(desired_replicas=2)
+    state = decide(state, snap(ttft=1.5), CFG, CAP, T0).state
+    state = decide(state, snap(ttft=0.7), CFG, CAP, T0 + 30).state
+    d = decide(state, snap(ttft=1.5), CFG, CAP, T0 + 60)
+    assert d.desired_replicas == 2 and d.reason == P.SCALE_UP_PENDING
+
+
+def test_jump_to_what_the_load_needs() -> None:
+    # 14 req/s + 60 queued / 60 s = 15 req/s demand; 15 / 1.8 -> 9 replicas
+    hot = snap(ttft=3.0, rps=14.0, queue=60)
+    d = run(AutoscaleState(desired_replicas=5), hot, [T0, T0 + 60])[-1]
+    assert d.load_replicas == math.ceil(15.0 / (2.0 * 0.9))
+    assert d.desired_replicas == 9 and d.wanted_replicas == 9
+
+
+def test_step_limit_bounds_the_jump() -> None:
+    hot = snap(ttft=3.0, rps=30.0)  # needs 17
+    d = run(AutoscaleState(desired_replicas=2), hot, [T0, T0 + 60])[-1]
+    assert d.desired_replicas == 2 + CFG.max_step_up
+    assert d.wanted_replicas == 17
+
+
+def test_load_alone_triggers_scale_up_before_latency_breaks() -> None:
+    warm = snap(ttft=0.8, itl=0.04, rps=6.0)  # within SLO, but 6 / 1.8 -> 4 replicas needed
+    d = run(AutoscaleState(desired_replicas=2), warm, [T0, T0 + 60])[-1]
+    assert d.desired_replicas == 4
+
+
+def test_latency_breach_without_capacity_numbers_adds_one() -> None:
+    hot = snap(itl=0.08, rps=3.0)
+    d = run(AutoscaleState(desired_replicas=3), hot, [T0, T0 + 60], cap=ReplicaCapacity())[-1]
+    assert d.desired_replicas == 4
+    # the breach taught it what one replica takes: 3 req/s over 3 replicas
+    assert d.state.learned_rps_per_replica == pytest.approx(1.0)
+    # with no load and no capacity numbers at all, one more
+    d = run(AutoscaleState(desired_replicas=3), snap(itl=0.08, rps=0.0), [T0, T0 + 60], cap=ReplicaCapacity())[-1]
+    assert d.desired_replicas == 4 and d.load_replicas is None
+
+
+def test_breach_at_a_load_the_planner_called_fine_lowers_the_capacity_estimate() -> None:
+    # 3 replicas at 4.5 req/s (planner: enough for 2.5 replicas) but ITL breaks
+    hot = snap(itl=0.07, rps=4.5)
+    d = run(AutoscaleState(desired_replicas=3), hot, [T0, T0 + 60])[-1]
+    assert d.state.learned_rps_per_replica == pytest.approx(1.5)
+    assert d.desired_replicas == math.ceil(4.5 / (1.5 * 0.9))  # 4
+    # and later, at the same load with good latency, it will not go back to 3
+    calm = snap(ttft=0.2, itl=0.02, rps=4.5)
+    ds = run(d.state, calm, [T0 + 60 + k * 30 for k in range(1, 30)])
+    assert min(x.desired_replicas for x in ds) == 4
+    # until 4 replicas are seen serving more than 1.5 req/s each within SLO
+    busier = snap(ttft=0.5, itl=0.04, rps=7.2)  # 1.8 per replica within SLO
+    d = decide(ds[-1].state, busier, CFG, CAP, T0 + 2000)
+    assert d.state.learned_rps_per_replica == pytest.approx(1.8)
+    busiest = snap(ttft=0.9, itl=0.045, rps=8.4)  # 2.1 per replica, above the planner's 2.0: estimate dropped
+    d = decide(d.state, busiest, CFG, CAP, T0 + 2030)
+    assert d.state.learned_rps_per_replica is None
+
+
+def test_waiting_for_started_replicas_does_not_pile_on() -> None:
+    hot = snap(itl=0.08, rps=3.0)
+    starting = ReplicaCapacity(requests_per_s_at_slo=2.0, ready_replicas=2)
+    ds = run(AutoscaleState(desired_replicas=3, last_change_at=T0 - 1000), hot, [T0, T0 + 60], cap=starting)
+    assert ds[-1].desired_replicas == 3 and ds[-1].reason == P.WAITING_FOR_REPLICAS
+    # ...but more load still gets more replicas
+    hotter = snap(itl=0.08, rps=9.0)
+    ds = run(AutoscaleState(desired_replicas=3, last_change_at=T0 - 1000), hotter, [T0, T0 + 60], cap=starting)
+    assert ds[-1].desired_replicas == math.ceil(9.0 / 1.8)
+
+
+# --- scale down -------------------------------------------------------------
+
+
+def test_scale_down_only_after_the_longer_down_window() -> None:
+    calm = snap(ttft=0.2, itl=0.02, rps=1.0)  # needs 1
+    times = [T0 + k * 30 for k in range(11)]  # 0..300 s
+    ds = run(AutoscaleState(desired_replicas=3), calm, times)
+    assert all(d.desired_replicas == 3 for d in ds[:-1])
+    assert ds[-2].reason == P.SCALE_DOWN_PENDING
+    assert ds[-1].desired_replicas == 2 and ds[-1].reason == P.SCALED_DOWN
+
+
+def test_scale_down_steps_by_max_step_down_and_not_below_load() -> None:
+    calm = snap(ttft=0.2, itl=0.02, rps=4.0)  # needs 3
+    cfg = AutoscaleConfig(min_replicas=1, max_replicas=10, ttft_target_s=1.0, itl_target_s=0.05, max_step_down=5, cooldown_s=0)
+    ds = run(AutoscaleState(desired_replicas=8), calm, [T0 + k * 30 for k in range(40)], cfg=cfg)
+    changes = [d.desired_replicas for d in ds if d.changed]
+    assert changes == [3]
+
+
+def test_no_scale_down_when_latency_is_near_target() -> None:
+    close = snap(ttft=0.85, itl=0.02, rps=1.0)  # load says 1 would do, latency says no
+    ds = run(AutoscaleState(desired_replicas=3), close, [T0 + k * 30 for k in range(20)])
+    assert {d.desired_replicas for d in ds} == {3} and ds[-1].reason == P.WITHIN_SLO
+
+
+def test_cooldown_between_changes() -> None:
+    hot = snap(ttft=2.0, rps=3.0)
+    state = AutoscaleState(desired_replicas=2, last_change_at=T0)
+    ds = run(state, hot, [T0 + 10, T0 + 70, T0 + 119])
+    assert [d.desired_replicas for d in ds] == [2, 2, 2]
+    assert ds[-1].reason == P.COOLDOWN
+    d = decide(ds[-1].state, hot, CFG, CAP, T0 + 120)
+    assert d.desired_replicas == 3
+
+
+# --- bounds -----------------------------------------------------------------
+
+
+def test_max_replicas_limits_and_says_so() -> None:
+    hot = snap(ttft=3.0, rps=30.0)
+    d = run(AutoscaleState(desired_replicas=9), hot, [T0, T0 + 60])[-1]
+    assert d.desired_replicas == 10
+    lim = {c.type: c for c in d.conditions}[P.COND_SCALING_LIMITED]
+    assert lim.status == "True" and lim.reason == P.REASON_MAX_REPLICAS and "10" in lim.message
+    d2 = run(d.state, hot, [T0 + 200, T0 + 260])[-1]
+    assert d2.desired_replicas == 10 and d2.reason == P.SCALING_LIMITED
+
+
+def test_min_replicas_floor() -> None:
+    idle = snap(ttft=None, itl=None, rps=0.0, running=0)
+    ds = run(AutoscaleState(desired_replicas=3), idle, [T0 + k * 60 for k in range(40)],
+             cfg=AutoscaleConfig(min_replicas=2, max_replicas=10, ttft_target_s=1.0))
+    assert ds[-1].desired_replicas == 2
+
+
+def test_out_of_bounds_is_corrected_immediately_even_without_metrics() -> None:
+    down = MetricsSnapshot.failed(METRICS_UNAVAILABLE, "refused")
+    d = decide(AutoscaleState(desired_replicas=14), down, CFG, CAP, T0)
+    assert d.desired_replicas == 10 and d.reason == P.BOUNDS_CORRECTED
+    d = decide(AutoscaleState(desired_replicas=0), down, CFG, CAP, T0)
+    assert d.desired_replicas == 1
+
+
+def test_zero_only_when_min_is_zero_and_no_traffic() -> None:
+    cfg0 = AutoscaleConfig(min_replicas=0, max_replicas=4, ttft_target_s=1.0)
+    idle = snap(ttft=None, itl=None, rps=0.0, running=0)
+    times = [T0 + k * 60 for k in range(30)]
+    assert run(AutoscaleState(desired_replicas=1), idle, times, cfg=cfg0)[-1].desired_replicas == 0
+    # a trickle of traffic keeps one replica
+    trickle = snap(ttft=0.1, itl=None, rps=0.01, running=1)
+    assert run(AutoscaleState(desired_replicas=1), trickle, times, cfg=cfg0)[-1].desired_replicas == 1
+    # min 1: never zero
+    assert run(AutoscaleState(desired_replicas=1), idle, times)[-1].desired_replicas == 1
+    # without capacity numbers too
+    assert run(AutoscaleState(desired_replicas=1), trickle, times, cfg=cfg0, cap=ReplicaCapacity())[-1].desired_replicas == 1
+
+
+def test_scale_from_zero_on_demand() -> None:
+    cfg0 = AutoscaleConfig(min_replicas=0, max_replicas=4, ttft_target_s=1.0)
+    queued = snap(ttft=None, itl=None, rps=0.0, queue=5, running=0)  # e.g. gateway queue override
+    d = run(AutoscaleState(desired_replicas=0), queued, [T0, T0 + 60], cfg=cfg0)[-1]
+    assert d.desired_replicas == 1
+
+
+# --- capacity (whole groups in free NVLink domains) -------------------------
+
+
+def test_capacity_limited_holds_at_what_fits_with_numbers() -> None:
+    hot = snap(ttft=3.0, rps=14.0)  # needs 8
+    cap = ReplicaCapacity.with_domains({"rack-a": 3, "rack-b": 8}, requests_per_s_at_slo=2.0, gpus_per_replica=4,
+                                       additional_replicas_that_fit=2)
+    d = run(AutoscaleState(desired_replicas=4), hot, [T0, T0 + 60], cap=cap)[-1]
+    assert d.desired_replicas == 6 and d.wanted_replicas == 8
+    lim = {c.type: c for c in d.conditions}[P.COND_SCALING_LIMITED]
+    assert lim.status == "True" and lim.reason == P.REASON_INSUFFICIENT_CAPACITY
+    for s in ("wanted 8", "only 6", "of 4 GPUs", "rack-a=3", "rack-b=8"):
+        assert s in lim.message
+
+
+def test_no_room_holds_and_reports() -> None:
+    hot = snap(ttft=3.0, rps=14.0)
+    cap = ReplicaCapacity.with_domains({"rack-a": 3}, requests_per_s_at_slo=2.0, gpus_per_replica=4,
+                                       additional_replicas_that_fit=0)
+    d = run(AutoscaleState(desired_replicas=4), hot, [T0, T0 + 60], cap=cap)[-1]
+    assert d.desired_replicas == 4 and d.reason == P.SCALING_LIMITED
+    assert {c.type: c.status for c in d.conditions}[P.COND_SCALING_LIMITED] == "True"
+
+
+def test_limited_clears_when_load_drops() -> None:
+    d = decide(AutoscaleState(desired_replicas=4), snap(ttft=0.5, itl=0.03, rps=5.0), CFG, CAP, T0)
+    assert {c.type: c.status for c in d.conditions}[P.COND_SCALING_LIMITED] == "False"
+
+
+# --- untrusted metrics ------------------------------------------------------
+
+
+BAD = [
+    (MetricsSnapshot.failed(METRICS_UNAVAILABLE, "connection refused"), METRICS_UNAVAILABLE),
+    (MetricsSnapshot.failed(METRICS_INVALID, "garbage"), METRICS_INVALID),
+    (snap(age=400), METRICS_STALE),
+    (snap(t=T0 - 1000), METRICS_STALE),
+    (snap(ttft=float("nan")), METRICS_INVALID),
+    (snap(itl=float("inf")), METRICS_INVALID),
+    (snap(rps=-1.0), METRICS_INVALID),
+    (snap(queue=float("nan")), METRICS_INVALID),
+    (snap(itl=None, rps=4.0), METRICS_UNAVAILABLE),  # serving but no ITL samples
+    (MetricsSnapshot(ok=True, request_rate_per_s=1.0, running=3, sample_age_s=3.0), METRICS_UNAVAILABLE),  # no queue
+]
+
+
+@pytest.mark.parametrize(("bad", "reason"), BAD)
+@pytest.mark.parametrize("start", [1, 4])
+def test_bad_metrics_hold_and_say_why(bad: MetricsSnapshot, reason: str, start: int) -> None:
+    state = AutoscaleState(desired_replicas=start, below_since=T0 - 10_000, above_since=T0 - 10_000)
+    d = decide(state, bad, CFG, CAP, T0)
+    assert d.desired_replicas == start and not d.changed
+    assert d.reason == reason
+    act = {c.type: c for c in d.conditions}[P.COND_SCALING_ACTIVE]
+    assert act.status == "False" and act.reason == reason
+    assert d.state.below_since is None and d.state.above_since is None
+
+
+def test_long_outage_never_scales_down_even_with_min_zero() -> None:
+    cfg0 = AutoscaleConfig(min_replicas=0, max_replicas=4, ttft_target_s=1.0)
+    down = MetricsSnapshot.failed(METRICS_UNAVAILABLE, "refused")
+    ds = run(AutoscaleState(desired_replicas=3), down, [T0 + k * 30 for k in range(200)], cfg=cfg0)
+    assert {d.desired_replicas for d in ds} == {3}
+
+
+def test_recovery_after_outage_needs_a_full_window() -> None:
+    calm = snap(ttft=0.2, itl=0.02, rps=0.5)
+    state = run(AutoscaleState(desired_replicas=3), calm, [T0 + k * 30 for k in range(9)])[-1].state  # 240 s below
+    state = decide(state, MetricsSnapshot.failed(METRICS_UNAVAILABLE, "x"), CFG, CAP, T0 + 270).state
+    d = decide(state, calm, CFG, CAP, T0 + 300)
+    assert d.desired_replicas == 3 and d.reason == P.SCALE_DOWN_PENDING
+
+
+# --- state and config -------------------------------------------------------
+
+
+def test_state_roundtrips_through_json() -> None:
+    d = run(AutoscaleState(desired_replicas=2), snap(ttft=1.5, itl=0.07), [T0, T0 + 60])[-1]
+    blob = json.loads(json.dumps(d.state.to_dict()))
+    assert AutoscaleState.from_dict(blob, default_replicas=1) == d.state
+    json.dumps(d.to_dict())
+
+
+@pytest.mark.parametrize("blob", [None, {}, {"desired_replicas": "3"}, {"desired_replicas": -1},
+                                  {"desired_replicas": 2, "above_since": "yesterday"}, [1, 2]])
+def test_malformed_state_falls_back(blob) -> None:
+    assert AutoscaleState.from_dict(blob, default_replicas=5) == AutoscaleState(desired_replicas=5)
+
+
+def test_config_from_slo_and_validation() -> None:
+    cfg = AutoscaleConfig.from_slo(SLO(ttft_ms=800, itl_ms=40), min_replicas=1, max_replicas=4)
+    assert (cfg.ttft_target_s, cfg.itl_target_s) == (0.8, 0.04)
+    with pytest.raises(AutoscaleConfigError, match="slo"):
+        AutoscaleConfig.from_slo(SLO(), min_replicas=1, max_replicas=4)
+    with pytest.raises(AutoscaleConfigError, match="maxReplicas"):
+        AutoscaleConfig(min_replicas=3, max_replicas=2, ttft_target_s=1.0)
+    with pytest.raises(AutoscaleConfigError, match="downThreshold"):
+        AutoscaleConfig(ttft_target_s=1.0, down_threshold=1.2)
+
+
+# --- properties ---------------------------------------------------------------
+
+cfgs = st.builds(
+    AutoscaleConfig,
+    min_replicas=st.integers(0, 3),
+    max_replicas=st.integers(3, 16),
+    ttft_target_s=st.just(1.0),
+    itl_target_s=st.just(0.05),
+    max_step_up=st.integers(1, 6),
+    max_step_down=st.integers(1, 3),
+)
+caps = st.builds(
+    ReplicaCapacity,
+    requests_per_s_at_slo=st.one_of(st.none(), st.floats(0.2, 20)),
+    concurrency_at_slo=st.one_of(st.none(), st.floats(4, 128)),
+    additional_replicas_that_fit=st.one_of(st.none(), st.integers(0, 12)),
+)
+loads = st.tuples(st.floats(0.01, 5.0), st.floats(0.001, 0.3), st.floats(0, 50), st.floats(0, 200), st.floats(0, 500))
+states = st.builds(
+    AutoscaleState,
+    desired_replicas=st.integers(0, 16),
+    above_since=st.one_of(st.none(), st.floats(T0 - 1000, T0)),
+    below_since=st.one_of(st.none(), st.floats(T0 - 1000, T0)),
+    last_change_at=st.one_of(st.none(), st.floats(T0 - 1000, T0)),
+    learned_rps_per_replica=st.one_of(st.none(), st.floats(0.2, 20)),
+    learned_at=st.just(T0 - 10),
+)
+
+
+def _snap(load: tuple[float, float, float, float, float]) -> MetricsSnapshot:
+    ttft, itl, rps, queue, running = load
+    return snap(ttft=ttft, itl=itl, rps=rps, queue=queue, running=running)
+
+
+@settings(max_examples=300, deadline=None)
+@given(states, cfgs, caps, loads)
+def test_bounded_by_min_max_and_capacity(state, cfg, cap, load) -> None:
+    d = decide(state, _snap(load), cfg, cap, T0)
+    assert d.desired_replicas <= cfg.max_replicas
+    fits = cap.additional_replicas_that_fit
+    # below min only while whole groups to reach it do not fit
+    assert d.desired_replicas >= min(cfg.min_replicas, state.desired_replicas + (fits if fits is not None else 99))
+    grows = d.desired_replicas - state.desired_replicas
+    if grows > 0 and cap.additional_replicas_that_fit is not None:
+        assert grows <= cap.additional_replicas_that_fit
+    if grows > 0 and cfg.min_replicas <= state.desired_replicas:
+        assert grows <= cfg.max_step_up
+    if grows < 0 and state.desired_replicas <= cfg.max_replicas:
+        assert -grows <= cfg.max_step_down
+
+
+@settings(max_examples=300, deadline=None)
+@given(states, cfgs, caps, loads, loads)
+def test_monotone_in_load(state, cfg, cap, a, b) -> None:
+    lo = tuple(min(x, y) for x, y in zip(a, b))
+    hi = tuple(max(x, y) for x, y in zip(a, b))
+    d_lo = decide(state, _snap(lo), cfg, cap, T0)
+    d_hi = decide(state, _snap(hi), cfg, cap, T0)
+    assert d_hi.desired_replicas >= d_lo.desired_replicas
+
+
+def _latency(rps: float, replicas: int, capacity_rps: float) -> tuple[float, float]:
+    """A replica model for the property: p99 grows sharply as load nears capacity."""
+    if replicas == 0:
+        return 10.0, 1.0
+    rho = rps / (replicas * capacity_rps)
+    if rho >= 1:
+        return 10.0, 1.0
+    return 0.2 + 0.3 * rho / (1 - rho), 0.02 + 0.02 * rho
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(0.1, 20), st.integers(1, 10), st.floats(0.5, 1.5), cfgs)
+def test_no_oscillation_under_constant_load(rps: float, start: int, planner_error: float, cfg) -> None:
+    true_capacity = 2.0
+    cap = ReplicaCapacity(requests_per_s_at_slo=true_capacity * planner_error)
+    state = AutoscaleState(desired_replicas=min(max(start, cfg.min_replicas), cfg.max_replicas))
+    history = []
+    for k in range(400):  # 400 x 30 s = 3.3 h of constant load
+        n = state.desired_replicas
+        ttft, itl = _latency(rps, n, true_capacity)
+        d = decide(state, snap(ttft=ttft, itl=itl, rps=min(rps, n * true_capacity), queue=0, running=rps * 10),
+                   cfg, cap, T0 + 30 * k)
+        state = d.state
+        history.append(d.desired_replicas)
+    changes = [b - a for a, b in zip(history, history[1:]) if b != a]
+    # the direction of change flips at most once (e.g. an optimistic planner: down, then up once)...
+    flips = sum(1 for x, y in zip(changes, changes[1:]) if (x > 0) != (y > 0))
+    assert flips <= 1, history
+    # ...and the last hour is flat
+    assert len(set(history[-120:])) == 1, history
