@@ -134,7 +134,7 @@ def test_every_spec_field_has_a_description_in_explain(api):
 
     cluster, _ = api
     schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    paths = sorted({p.replace("[]", "") for p, _ in iter_properties(schema) if "{}" not in p})
+    paths = sorted({p.replace("[]", "") for p, _ in iter_properties(schema) if "{}" not in p and not p.endswith("[]")})
     assert len(paths) > 60
     missing = []
     for path in paths:

@@ -272,6 +272,8 @@ def iter_properties(schema: dict[str, Any], path: str = ""):
         yield p, sub
         yield from iter_properties(sub, p)
     if isinstance(schema.get("items"), dict):
+        yield f"{path}[]", schema["items"]
         yield from iter_properties(schema["items"], f"{path}[]")
     if isinstance(schema.get("additionalProperties"), dict):
+        yield f"{path}{{}}", schema["additionalProperties"]
         yield from iter_properties(schema["additionalProperties"], f"{path}{{}}")
