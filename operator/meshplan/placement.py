@@ -43,6 +43,7 @@ Algorithm
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -177,6 +178,11 @@ class PlacementResult:
 # ----------------------------------------------------------------------------- internals
 
 
+def _natural(name: str) -> tuple:
+    """Sort key that orders `node-2` before `node-10`."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
 class _Capacity:
     """Free GPUs per eligible node, grouped by domain; mutable scratch state."""
 
@@ -220,7 +226,7 @@ class _Capacity:
         out = []
         for _ in range(count):
             node = min((n for n in self.domain_nodes[domain] if self.free[n] >= g),
-                       key=lambda n: (self.free[n], n))
+                       key=lambda n: (self.free[n], _natural(n)))
             self.free[node] -= g
             out.append(node)
         return out

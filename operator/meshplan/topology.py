@@ -312,6 +312,14 @@ class Topology:
     def free_gpus_by_domain(self) -> dict[str, int]:
         return {d.name: d.free_gpus for d in self.domains}
 
+    def select(self, node_selector: Mapping[str, str]) -> "Topology":
+        """Only the nodes whose labels match `node_selector` (spec.gpus.nodeSelector)."""
+        if not node_selector:
+            return self
+        keep = [s for s in self.nodes.values() if s.info.matches(node_selector)]
+        topo = build_topology_from_infos([s.info for s in keep], [(s.name, s.used_gpus) for s in keep])
+        return Topology(nodes=topo.nodes, domains=topo.domains, excluded=self.excluded)
+
     def with_usage(self, usage: Iterable[tuple[str, int]]) -> "Topology":
         """A copy with extra GPUs used (e.g. what a placement just took)."""
         used: dict[str, int] = defaultdict(int)

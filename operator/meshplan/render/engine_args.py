@@ -203,11 +203,12 @@ def _merge_extra(base: list[tuple[str, list[str]]], extra: Sequence[str], allow_
         if n in index:
             old = out[index[n]]
             out[index[n]] = (flag, values)
+            same = norm_flag(old[0]) == n and old[1] == values and old[0].startswith("--no-") == flag.startswith("--no-")
             explain.append(Explanation(flag, " ".join(values),
                                        f"extraArgs replaces meshplan's `{' '.join([old[0], *old[1]])}`"
                                        + (" (plan override allowed: predictions may not describe what runs)"
                                           if n in _PLAN_OWNED else ""),
-                                       "spec.engine.extraArgs", "warning"))
+                                       "spec.engine.extraArgs", "info" if same else "warning"))
         else:
             out.append((flag, values))
             index[n] = len(out) - 1
