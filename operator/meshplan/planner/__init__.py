@@ -48,6 +48,16 @@ def default_budget(model: Any, gpu: Any, weight_dtype: str = "fp8") -> int:
     return n
 
 
+def _itl_bound(slo: SLO | None) -> float | None:
+    """The tightest inter-token latency the SLO allows (itlMs or 1000 / minTokensPerSecondPerUser)."""
+    if slo is None:
+        return None
+    bounds = [b for b in (slo.itl_ms,) if b is not None]
+    if slo.min_tokens_per_s_per_user:
+        bounds.append(1000.0 / slo.min_tokens_per_s_per_user)
+    return min(bounds) if bounds else None
+
+
 def _thin(points: tuple, n: int) -> tuple:
     if len(points) <= n:
         return points
@@ -100,7 +110,7 @@ def plan(
         if budget < 1:
             continue
         res = search(model, g, budget, workload, engine=engine, space=space, fleet=sub, dp=dp,
-                     predictor=predictor)
+                     predictor=predictor, max_itl_ms=_itl_bound(slo))
         candidates.extend(res.candidates)
         rejected.extend(Rejected(r.layout, f"{g.name}: {r.reason}") for r in res.rejected)
         evaluated += res.evaluated

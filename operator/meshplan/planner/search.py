@@ -34,7 +34,10 @@ Algorithm
    limits (`max_num_seqs`, powers of two by default); `auto` dtypes are
    decided once per GPU product, independent of the budget. Batch limits
    beyond what the KV cache holds are dropped, the KV-cache limit itself is
-   added, and a chunk whose activations do not fit is skipped.
+   added, and a chunk whose activations do not fit is skipped. Two prunings
+   keep the sweep short without changing the frontier: once a larger batch
+   limit stops raising tokens/s/GPU the rest of that sweep is dominated, and
+   once it misses the SLO's ITL bound the larger ones miss it too.
 4. Evaluation: `predictor(...)` (default `perf.predict`) per point, on the
    layout AS THE ENGINE RUNS IT (`engines.engine_layout` gives the effective
    attention TP/DP and MoE TP/EP; e.g. vLLM keeps experts whole). Both the
@@ -249,12 +252,16 @@ def search(
     memory_fn: MemoryFn | None = None,
     precision_fn: Callable[..., tuple[str, str]] | None = None,
     as_engine_runs: bool = True,
+    max_itl_ms: float | None = None,
 ) -> SearchResult:
     """Every valid candidate for `model` on up to `max_gpus` GPUs of `gpu` (see module doc).
 
     `predictor`, `memory_fn` and `precision_fn` default to `perf.predict`,
     `memory.memory_fit` and `memory.choose_precision`. `as_engine_runs=False`
     evaluates the blog's own layout semantics instead of the engine's spelling.
+    `max_itl_ms` (the SLO's inter-token latency bound, if any) prunes the batch
+    sweep: a larger batch never lowers the ITL, so once a batch limit misses it the
+    larger ones are not evaluated.
     """
     if predictor is None or memory_fn is None or precision_fn is None:
         from meshplan.planner import memory as memory_mod
@@ -301,12 +308,20 @@ def search(
             for n_dp in dps:
                 per_replica = _per_replica_workload(workload, n_dp)
                 layout = replace(shape, dp=n_dp)
+                prev_tput = -1.0
                 for s in seqs:
                     pred = predictor(model, gpu, mapping, per_replica, weight_dtype=wd, kv_dtype=kd,
                                      chunk_size=chunk, max_num_seqs=s, engine=engine,
                                      concurrency=None if loaded else s, memory=fit)
                     evaluated += 1
+                    if not loaded and pred.tokens_per_s_per_gpu <= prev_tput:
+                        # saturated: a larger batch limit gains no throughput and no per-user speed, so
+                        # this point and every larger one are dominated by the previous point
+                        break
+                    prev_tput = pred.tokens_per_s_per_gpu
                     candidates.append(Candidate(layout, wd, kd, chunk, s, fit, pred, engine, gpu.name))
+                    if max_itl_ms is not None and pred.tpot_ms > max_itl_ms:
+                        break
     return SearchResult(tuple(candidates), tuple(rejected), tuple(replace(s, dp=d) for s, d in shapes), wd, kd,
                         evaluated, tuple(notes))
 

@@ -1,0 +1,67 @@
+"""Time of the full plan for GPT-MoE-1.8T on 64 and on 1,024 GPUs (issue 4 targets: <= 0.5 s and <= 3 s).
+
+    python benchmarks/plan_speed.py [--repeat 5]
+
+"Full plan" is `meshplan.planner.plan(...)`: every layout shape, DP, chunk size
+(7) and batch limit (powers of two up to the KV cache), FP4 weights / FP8 KV on
+the blog's 192 GB GPU (GB200 NVL72: 72-GPU NVLink domains), the Pareto frontier
+and the balanced choice, with an SLO (TTFT <= 5 s, >= 20 tokens/s/user: the
+batch sweep stops where the ITL bound is missed) and without one. Imports and the first call (which warms the
+per-(model, GPU) caches) are reported separately; the figure compared with the
+target is the median of the following runs, each on fresh caches so nothing is
+reused between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import replace
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    from meshplan.catalog.gpus import get_gpu
+    from meshplan.catalog.models import get_model
+    from meshplan.planner import memory, perf, plan
+    from meshplan.planner.search import SearchSpace
+    from meshplan.planner.types import SLO, Workload
+
+    import_s = time.perf_counter() - t0
+    model = get_model("gpt-moe-1.8t")
+    gpu = replace(get_gpu("gb200"), name="blog-192gb", memory_gib=192e9 / 2**30)
+    space = SearchSpace(weight_dtype="fp4", kv_dtype="fp8")
+    slo = SLO(ttft_ms=5000, min_tokens_per_s_per_user=20)
+    print(f"imports: {import_s:.3f} s")
+    targets = {64: 0.5, 1024: 3.0}
+    ok = True
+    runs = [(g, t, slo) for g, t in targets.items()] + [(g, t, None) for g, t in targets.items()]
+    for gpus, target, slo in runs:
+        times = []
+        for i in range(args.repeat + 1):
+            for cache in (memory._memory_fit, perf._stage):
+                cache.cache_clear()
+            t = time.perf_counter()
+            p = plan(model, gpu, max_gpus=gpus, workload=Workload(isl=1024, osl=256), slo=slo,
+                     objective="balanced", engine="trtllm", space=space)
+            dt = time.perf_counter() - t
+            if i == 0:
+                print(f"{gpus:>5} GPUs, {'SLO' if slo else 'no SLO'}: first call {dt:.3f} s")
+            else:
+                times.append(dt)
+        med = statistics.median(times)
+        ok &= med <= target
+        print(f"{gpus:>5} GPUs, {'SLO' if slo else 'no SLO'}: median {med:.3f} s over {len(times)} runs (target <= {target} s) "
+              f"{'OK' if med <= target else 'MISSED'}; {p.evaluated:,} configurations, "
+              f"{len(p.rejected)} rejected layouts, choice {p.choice.layout.label() if p.choice else None}"
+              f"{f' x DP{p.choice.layout.dp}' if p.choice and p.choice.layout.dp > 1 else ''}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
