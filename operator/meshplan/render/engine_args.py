@@ -400,8 +400,8 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
                                    "scheduling; requests are served first come, first served",
                                    "trtllm-serve docs", "warning"))
     if serving.served_name:
-        explain.append(Explanation("servedName", serving.served_name, "trtllm-serve serves the model under its "
-                                   "path/repository name", "trtllm-serve docs", "warning"))
+        explain.append(Explanation("servedName", serving.served_name, "not passed to trtllm-serve: clients address "
+                                   "the model by its path/repository name", "trtllm-serve docs", "warning"))
     flags["--extra_llm_api_options"] = TRTLLM_OPTIONS_PATH
     explain.append(Explanation("--extra_llm_api_options", TRTLLM_OPTIONS_PATH,
                                "LLM-API settings without a CLI flag: " + ", ".join(sorted(options)),
