@@ -88,6 +88,14 @@ def test_invalid_manifest_is_refused_naming_the_field(api, case_id, patch, field
     assert field in res.stderr, f"{case_id}: error does not name {field}:\n{res.stderr}"
 
 
+def test_gpu_budget_error_gives_the_numbers(api):
+    cluster, ns = api
+    manifest = CASES.with_spec({"parallelism": {"tensor": 8, "pipeline": 2}, "replicas": 2, "gpus": {"maxGpus": 16}})
+    res = _apply(cluster, ns, manifest, "--dry-run=server")
+    assert res.returncode != 0
+    assert "spec.gpus.maxGpus 16 is smaller than the 32 GPUs" in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize(
     "case_id,before,after,field", CASES.IMMUTABLE_CASES, ids=[c[0] for c in CASES.IMMUTABLE_CASES]
 )

@@ -218,3 +218,32 @@ def test_semantics_checks_catalogue_model_names_and_dimensions():
     assert dense is not None
     problems = validate_semantics(spec_of(parallelism={"expert": 2}))
     assert any("spec.parallelism.expert" in p for p in problems)
+
+
+# ------------------------------------------------------------ credential guards
+
+
+@pytest.mark.parametrize("uri", ["hf://gpt2@main", "hf://meta-llama/Llama-3.1-8B@refs-pr-1", "s3://bucket/models/llama",
+                                 "pvc://models/llama-70b", "https://models.example.com/llama?revision=main"])
+def test_weights_uris_without_credentials_pass(uri):
+    assert spec_of(model={"name": "llama-3.1-8b", "weights": {"uri": uri}}).model.weights.uri == uri
+
+
+@pytest.mark.parametrize("uri", ["https://user@host/m", "s3://AKIA:secret@bucket/m", "gs://bucket/m?X-Goog-Signature=ab",
+                                 "https://host/m?access_token=x", "https://host/m?a=1&sig=x"])
+def test_weights_uris_with_credentials_fail(uri):
+    with pytest.raises(pydantic.ValidationError, match="credentialsSecretRef"):
+        spec_of(model={"name": "llama-3.1-8b", "weights": {"uri": uri}})
+
+
+@pytest.mark.parametrize("name", ["GOOGLE_APPLICATION_CREDENTIALS", "TOKENIZERS_PARALLELISM", "VLLM_MAX_TOKENS", "NCCL_DEBUG"])
+def test_ordinary_env_names_may_have_inline_values(name):
+    assert spec_of(engine={"env": [{"name": name, "value": "x"}]}).engine.env[0].value == "x"
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "hf_token", "AWS_SECRET_ACCESS_KEY", "VLLM_API_KEY", "DB_PASSWORD"])
+def test_secret_env_names_need_a_secret_ref(name):
+    with pytest.raises(pydantic.ValidationError, match="valueFrom"):
+        spec_of(engine={"env": [{"name": name, "value": "x"}]})
+    ref = {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+    assert spec_of(engine={"env": [{"name": name, "valueFrom": ref}]}).engine.env[0].value_from is not None

@@ -95,9 +95,11 @@ PLAN_OWNED_FLAG_RE = _flag_regex()
 
 # Environment variable names that carry secrets: they must come from a Secret
 # (valueFrom.secretKeyRef), never an inline value.
-SECRET_ENV_RE = r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)(_|$)"
-# Inline credentials in a weights URI: user:password@host, or a token-ish query parameter.
-URI_USERINFO_RE = r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*@"
+# (Not CREDENTIALS: GOOGLE_APPLICATION_CREDENTIALS and friends hold file paths.)
+SECRET_ENV_RE = r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY)(_|$)"
+# Inline credentials in a weights URI: user[:password]@host, or a token-ish query
+# parameter. hf:// is exempt from the first: hf://name@revision names a revision.
+URI_USERINFO_RE = r"^(https?|s3|gs|az|oci|pvc|file)://[^/?#]*@"
 URI_TOKEN_QUERY_RE = (
     r"(?i)[?&;](token|access_token|auth|authorization|api_key|apikey|key|password|secret|"
     r"sig|signature|x-amz-signature|x-amz-credential|x-goog-signature|x-goog-credential|sv|se)="
@@ -125,9 +127,15 @@ class Rule:
     field_path: str | None = None
     check: Callable[[Any], bool] | None = None
     reason: str | None = None  # FieldValueInvalid (default) | FieldValueForbidden | FieldValueRequired
+    # Optional message with the numbers in it: CEL for the server (it falls back
+    # to `message` if this fails), and the same text computed in Python.
+    message_expression: str | None = None
+    python_message: Callable[[Any], str] | None = None
 
     def to_crd(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rule": self.cel, "message": self.message}
+        if self.message_expression:
+            out["messageExpression"] = self.message_expression
         if self.field_path:
             out["fieldPath"] = self.field_path
         if self.reason:
@@ -158,7 +166,7 @@ class ApiModel(BaseModel):
     def _check_rules(self):
         for rule in type(self).__dict__.get("RULES", ()):
             if rule.check is not None and not rule.check(self):
-                raise ValueError(rule.message)
+                raise ValueError(rule.python_message(self) if rule.python_message else rule.message)
         return self
 
     def to_manifest(self) -> dict[str, Any]:
@@ -355,7 +363,7 @@ class Weights(ApiModel):
     """Where the weights come from. Credentials only ever come from a Secret."""
 
     uri: str | None = _str(
-        "Weights location: hf://org/name[@revision], s3://bucket/path, gs://, az://, oci://, pvc://claim/path, "
+        "Weights location: hf://org/name[@revision] (Hugging Face repository), s3://bucket/path, gs://, az://, oci://, pvc://claim/path, "
         "https:// or file://. Default: the catalogue entry's Hugging Face repository. Must not contain "
         "credentials (no user:password@, no token or signature query parameters): use credentialsSecretRef.",
         2048, URI_SCHEME_RE, default=None,
@@ -839,7 +847,9 @@ class NcclSpec(ApiModel):
 _AUTOSCALING_ON = "(has(self.autoscaling) && has(self.autoscaling.enabled) && self.autoscaling.enabled)"
 
 
-def _pinned_product_cel() -> str:
+def _pinned_gpus_cel() -> str:
+    """CEL for the GPUs the pinned sizes need at least: tp x ep x pp (auto = 1) x replicas."""
+
     def term(f: str) -> str:
         return f"(has(self.parallelism.{f}) && type(self.parallelism.{f}) == int ? self.parallelism.{f} : 1)"
 
@@ -848,9 +858,29 @@ def _pinned_product_cel() -> str:
     replicas = (
         f"({_AUTOSCALING_ON} ? ({min_replicas} > 0 ? {min_replicas} : 1) : ({replicas} > 0 ? {replicas} : 1))"
     )
+    return f"{term('tensor')} * {term('expert')} * {term('pipeline')} * {replicas}"
+
+
+_BUDGET_GUARD = "!has(self.gpus) || !has(self.gpus.maxGpus) || !has(self.parallelism)"
+_BUDGET_MESSAGE = (
+    "spec.gpus.maxGpus {max_gpus} is smaller than the {needed} GPUs the pinned spec.parallelism sizes need "
+    "(tensor x expert x pipeline x replicas, or x autoscaling.minReplicas when autoscaling): raise "
+    "spec.gpus.maxGpus or pin smaller sizes"
+)
+
+
+def _budget_message(spec: "LLMDeploymentSpec") -> str:
+    needed = spec.parallelism.pinned_gpus_per_replica() * _replicas_at_least(spec)
+    return _BUDGET_MESSAGE.format(max_gpus=spec.gpus.max_gpus, needed=needed)
+
+
+def _budget_message_cel() -> str:
+    before, rest = _BUDGET_MESSAGE.split("{max_gpus}")
+    middle, after = rest.split("{needed}")
+    # string(dyn(...)): the cost estimator (k8s 1.36) treats string(<int field>) as an
+    # unbounded string and refuses the CRD; through dyn it is estimated as small.
     return (
-        "!has(self.gpus) || !has(self.gpus.maxGpus) || !has(self.parallelism) || "
-        f"{term('tensor')} * {term('expert')} * {term('pipeline')} * {replicas} <= self.gpus.maxGpus"
+        f"'{before}' + string(dyn(self.gpus.maxGpus)) + '{middle}' + string(dyn({_pinned_gpus_cel()})) + '{after}'"
     )
 
 
@@ -904,11 +934,14 @@ class LLMDeploymentSpec(ApiModel):
 
     RULES = (
         Rule(
-            _pinned_product_cel(),
-            "spec.gpus.maxGpus is smaller than the pinned spec.parallelism tensor x expert x pipeline times the "
-            "replicas (autoscaling.minReplicas when autoscaling): raise maxGpus or pin smaller sizes",
+            f"{_BUDGET_GUARD} || {_pinned_gpus_cel()} <= self.gpus.maxGpus",
+            "spec.gpus.maxGpus is smaller than the GPUs the pinned spec.parallelism sizes need (tensor x expert x "
+            "pipeline x replicas, or x autoscaling.minReplicas when autoscaling): raise spec.gpus.maxGpus or pin "
+            "smaller sizes",
             ".gpus.maxGpus",
             _pinned_fits_budget,
+            message_expression=_budget_message_cel(),
+            python_message=_budget_message,
         ),
         Rule(
             "!has(self.objective) || self.objective != 'minCostWithinSLO' || has(self.slo)",
