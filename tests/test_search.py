@@ -152,3 +152,11 @@ def test_fleet_files_become_domains():
     assert mixed.for_gpu("h200_sxm").free_gpus == 16
     zone_b = load_fleet("mixed", node_selector={"topology.kubernetes.io/zone": "zone-b"})
     assert zone_b.gpus() == ("gb200",)
+
+
+def test_load_mode_dp_steps_are_at_most_half():
+    res = search(LLAMA8, H100, 16, Workload(concurrency=100),
+                 space=SearchSpace(tensor=1, pipeline=1, chunk_sizes=(512,), max_num_seqs=(256,),
+                                   weight_dtype="bf16", kv_dtype="bf16"),
+                 predictor=fake_predictor(), memory_fn=always_fits)
+    assert sorted({c.layout.dp for c in res.candidates}) == [1, 2, 3, 4, 6, 8, 12, 16]

@@ -52,9 +52,9 @@ def slo_violation(pred: Prediction, slo: SLO | None) -> str:
     if slo.ttft_ms is not None and pred.ttft_ms > slo.ttft_ms:
         misses.append(f"TTFT {pred.ttft_ms:,.0f} ms > {slo.ttft_ms:,.0f} ms")
     if slo.itl_ms is not None and pred.tpot_ms > slo.itl_ms:
-        misses.append(f"ITL {pred.tpot_ms:,.1f} ms > {slo.itl_ms:,.1f} ms")
+        misses.append(f"ITL {pred.tpot_ms:,.2f} ms > {slo.itl_ms:,.2f} ms")
     if slo.min_tokens_per_s_per_user is not None and pred.tokens_per_s_per_user < slo.min_tokens_per_s_per_user:
-        misses.append(f"{pred.tokens_per_s_per_user:,.1f} tokens/s/user < {slo.min_tokens_per_s_per_user:,.1f}")
+        misses.append(f"{pred.tokens_per_s_per_user:,.2f} tokens/s/user < {slo.min_tokens_per_s_per_user:,.2f}")
     return "; ".join(misses)
 
 
@@ -81,7 +81,7 @@ def describe(c: Candidate) -> str:
     p = c.prediction
     lay = c.layout
     dp = f" x DP{lay.dp}" if lay.dp > 1 else ""
-    return (f"{lay.label()}{dp} ({lay.total_gpus} GPUs), chunk {c.chunk_size}, max_num_seqs {c.max_num_seqs}, "
+    return (f"{lay.label()}{dp} ({lay.total_gpus} GPU{'s' if lay.total_gpus != 1 else ''}), chunk {c.chunk_size}, max_num_seqs {c.max_num_seqs}, "
             f"{c.weight_dtype} weights / {c.kv_dtype} KV: {p.tokens_per_s_per_gpu:,.1f} tokens/s/GPU at "
             f"{p.tokens_per_s_per_user:,.1f} tokens/s/user (TTFT {p.ttft_ms:,.0f} ms, ITL {p.tpot_ms:,.1f} ms)")
 
@@ -165,8 +165,8 @@ def choose(
         return Choice(
             None,
             f"no candidate meets the {_slo_text(slo)} ({len(candidates):,} evaluated); the closest is "
-            f"{describe(best)}, which misses by {slo_violation(best.prediction, slo)}. Relax the SLO, allow "
-            f"more GPUs (gpus.maxGpus) or a faster GPU.",
+            f"{describe(best)}, which misses by {slo_violation(best.prediction, slo)}. Relax the SLO (spec.slo), "
+            f"allow more GPUs or replicas (spec.gpus.maxGpus, spec.replicas) or a faster GPU (spec.gpus.products).",
             _distinct_shapes(closest, None, n_alternatives),
             0,
         )

@@ -27,7 +27,8 @@ Algorithm
    once: with `dp="fill"` (default) the candidate takes every replica the
    budget and fleet allow, with `dp="min"` one replica. With a load, the load
    is split over DP replicas and DP moves the point along the curve, so DP takes
-   the powers of two up to the maximum plus the maximum itself. A fixed DP
+   the powers of two and three times the powers of two up to the maximum, plus
+   the maximum itself (steps of at most 50%: 1, 2, 3, 4, 6, 8, 12, ...). A fixed DP
    (`dp=int`, e.g. the manifest's replicas) is used as given.
 3. Knobs. For each shape: the weight/KV dtypes (pinned, or `auto` through
    `memory.choose_precision`), chunk sizes (128..8192 by default) and batch
@@ -216,7 +217,8 @@ def _dp_values(max_dp: int, dp: DpPolicy, loaded: bool) -> list[int]:
         return [dp] if 1 <= dp <= max_dp else []
     if not loaded:
         return [max_dp if dp == "fill" else 1]
-    vals = set(_pow2_upto(max_dp)) | {max_dp}
+    # powers of two and three times powers of two (steps of at most 50%), and the maximum
+    vals = {v for p in _pow2_upto(max_dp) for v in (p, 3 * p) if v <= max_dp} | {max_dp}
     return sorted(vals)
 
 

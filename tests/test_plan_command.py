@@ -1,0 +1,164 @@
+"""`plan()`, the LLMDeployment adapter and `meshplan plan MANIFEST`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from meshplan.api.models import LLMDeployment
+from meshplan.catalog.models import get_model
+from meshplan.cli import main
+from meshplan.planner import model_from_spec, plan, plan_for_spec, plan_inputs_from_spec, plan_to_dict
+from meshplan.planner.fleet import load_fleet
+from meshplan.planner.search import SearchSpace
+from meshplan.planner.types import SLO, Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+SMALL = SearchSpace(chunk_sizes=(512, 2048), max_num_seqs=(1, 8, 64, 512))
+
+
+def manifest(**spec) -> dict:
+    base = {"model": {"name": "llama-3.1-8b"}, "gpus": {"products": ["h100"], "maxGpus": 8}}
+    base.update(spec)
+    return {"apiVersion": "meshplan.dev/v1alpha1", "kind": "LLMDeployment", "metadata": {"name": "t"}, "spec": base}
+
+
+def spec_of(**spec):
+    return LLMDeployment.from_manifest(manifest(**spec)).spec
+
+
+def test_plan_returns_choice_reason_frontier_and_engine_args():
+    p = plan(get_model("llama-3.1-70b"), "h100", max_gpus=16, objective="maxThroughput", space=SMALL)
+    assert p.choice is not None and p.choice.gpu == "h100_sxm"
+    assert p.reason.startswith("maxThroughput: ")
+    assert p.choice in p.frontier                      # maxThroughput is a frontier point
+    assert p.extra["engine_args"][:2] == ["--tensor-parallel-size", str(p.choice.layout.tp)]
+    assert all(a.layout.gpus_per_replica != 0 for a in p.alternatives)
+    d = plan_to_dict(p)
+    assert d["choice"]["tokens_per_s_per_gpu"] == pytest.approx(p.choice.prediction.tokens_per_s_per_gpu, rel=1e-3)
+    json.dumps(d)                                       # plain data
+
+
+def test_the_frontier_shown_is_the_slo_frontier():
+    slo = SLO(itl_ms=25)
+    p = plan(get_model("llama-3.1-8b"), "h100", max_gpus=8, slo=slo, objective="balanced", space=SMALL)
+    assert p.frontier and all(c.prediction.tpot_ms <= 25 for c in p.frontier)
+    assert p.choice in p.frontier
+
+
+def test_several_products_are_compared_and_the_choice_names_its_gpu():
+    p = plan(get_model("llama-3.1-8b"), ["l40s", "h200"], max_gpus=8, objective="bestInteractivity", space=SMALL)
+    assert set(p.extra["per_gpu"]) == {"l40s", "h200_sxm"}
+    assert p.choice.gpu == "h200_sxm"                 # 4.8 TB/s HBM against 0.86 TB/s GDDR6
+
+
+def test_a_fleet_restricts_products_and_replicas():
+    fleet = load_fleet("hgx-h100")
+    p = plan(get_model("llama-3.1-70b"), "h100", fleet=fleet, objective="maxThroughput", space=SMALL)
+    assert p.choice.layout.total_gpus <= 32 and p.choice.layout.gpus_per_stage <= 8
+    none = plan(get_model("llama-3.1-70b"), "gb200", fleet=fleet, space=SMALL)
+    assert none.choice is None and "no free GPUs of gb200" in none.reason
+
+
+def test_min_cost_takes_the_fewest_replicas_that_carry_the_load():
+    slo = SLO(ttft_ms=2000, itl_ms=50)
+    light = plan(get_model("llama-3.1-8b"), "h100", max_gpus=16, workload=Workload(concurrency=8), slo=slo,
+                 objective="minCostWithinSLO", space=SMALL)
+    heavy = plan(get_model("llama-3.1-8b"), "h100", max_gpus=16, workload=Workload(concurrency=2000), slo=slo,
+                 objective="minCostWithinSLO", space=SMALL)
+    assert light.choice is not None and heavy.choice is not None
+    assert light.choice.layout.total_gpus <= heavy.choice.layout.total_gpus
+
+
+def test_adapter_reads_every_planning_field():
+    spec = spec_of(
+        workload={"inputTokens": 2048, "outputTokens": 128, "concurrency": 64},
+        slo={"ttftMs": 900, "itlMs": 30, "minTokensPerSecondPerUser": 25},
+        objective="maxThroughput",
+        engine={"kind": "sglang"},
+        precision={"weights": "fp8", "kvCache": "fp8"},
+        parallelism={"tensor": 2, "pipeline": 1, "chunkSize": 1024, "maxNumSeqs": 32},
+        replicas=3,
+    )
+    kw = plan_inputs_from_spec(spec)
+    assert kw["workload"] == Workload(isl=2048, osl=128, concurrency=64)
+    assert kw["slo"] == SLO(ttft_ms=900, itl_ms=30, percentile=99, min_tokens_per_s_per_user=25)
+    assert kw["engine"] == "sglang" and kw["objective"] == "maxThroughput"
+    sp = kw["space"]
+    assert (sp.tensor, sp.expert, sp.pipeline, sp.chunk_sizes, sp.max_num_seqs) == (2, None, 1, (1024,), (32,))
+    assert (sp.weight_dtype, sp.kv_dtype) == ("fp8", "fp8")
+    assert kw["replicas"] == 3
+    # replicas left at its default, or driven by the autoscaler, leave DP to the planner
+    assert plan_inputs_from_spec(spec_of())["replicas"] is None
+    auto = spec_of(replicas=2, slo={"ttftMs": 900}, autoscaling={"enabled": True, "maxReplicas": 4})
+    assert plan_inputs_from_spec(auto)["replicas"] is None
+
+
+def test_pinned_knobs_and_replicas_are_respected():
+    spec = spec_of(parallelism={"tensor": 2, "chunkSize": 1024, "maxNumSeqs": 32}, replicas=2,
+                   objective="maxThroughput")
+    p = plan_for_spec(spec)
+    c = p.choice
+    assert (c.layout.tp, c.layout.dp, c.chunk_size) == (2, 2, 1024)
+    assert c.max_num_seqs <= 32
+
+
+def test_explicit_architecture_matches_the_catalogue_entry():
+    m = get_model("gpt-moe-1.8t")
+    spec = spec_of(model={"name": "my-moe", "architecture": {
+        "layers": m.num_layers, "hiddenSize": m.hidden_size, "attentionHeads": m.num_attention_heads,
+        "kvHeads": m.num_kv_heads, "headDim": m.head_dim, "experts": m.num_experts,
+        "expertsPerToken": m.experts_per_token, "moeIntermediateSize": m.moe_intermediate_size,
+        "vocabSize": m.vocab_size}})
+    got = model_from_spec(spec.model)
+    assert got.name == "my-moe"
+    assert got.total_params == pytest.approx(m.total_params, rel=1e-6)
+    assert got.active_params == pytest.approx(m.active_params, rel=1e-6)
+    assert got.is_moe and got.num_experts == 16
+
+
+def test_unknown_product_names_the_field():
+    with pytest.raises(ValueError, match=r"spec.gpus.products\[0\]"):
+        plan_for_spec(spec_of(gpus={"products": ["tpu-v5"]}))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_example_plans(path):
+    llmd = LLMDeployment.from_manifest(yaml.safe_load(path.read_text()))
+    p = plan_for_spec(llmd.spec)
+    assert p.evaluated > 0 and p.reason
+    if p.choice is not None:
+        assert p.choice.memory.fits
+        assert llmd.spec.gpus.max_gpus is None or p.choice.layout.total_gpus <= llmd.spec.gpus.max_gpus
+
+
+def test_cli_table_json_yaml_and_plot(tmp_path, capsys):
+    f = tmp_path / "llmd.yaml"
+    f.write_text(yaml.safe_dump(manifest(objective="maxThroughput", parallelism={"chunkSize": 1024})))
+    assert main(["plan", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "Pareto frontier" in out and "Choice:" in out and "engine flags: --tensor-parallel-size" in out
+    assert main(["plan", str(f), "--output", "json", "--show-rejected"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["objective"] == "maxThroughput" and d["choice"]["chunk_size"] == 1024 and "rejected" in d
+    assert main(["plan", str(f), "-o", "yaml", "--fleet", "hgx-h100"]) == 0
+    y = yaml.safe_load(capsys.readouterr().out)
+    assert y["choice"]["gpu"] == "h100_sxm"
+    png = tmp_path / "frontier.png"
+    assert main(["plan", str(f), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_reports_bad_manifests_by_field(tmp_path, capsys):
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(manifest(model={"name": "no-such-model"})))
+    assert main(["plan", str(f)]) == 2
+    assert "spec.model.name" in capsys.readouterr().err
+    g = tmp_path / "none.yaml"
+    g.write_text("kind: ConfigMap\n")
+    assert main(["plan", str(g)]) == 2
+    assert "no LLMDeployment" in capsys.readouterr().err
