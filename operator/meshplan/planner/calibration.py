@@ -46,7 +46,7 @@ from meshplan.planner.perf import PerfParams
 from meshplan.planner.types import Workload
 
 # Fitted by `python benchmarks/accuracy.py --fit` (see module docstring).
-FITTED_PARAMS = PerfParams()
+FITTED_PARAMS = PerfParams(gemm_eff=0.2431, mem_eff=1, attn_eff=0.5097, moe_eff=0.6507, layer_us=50.51, iter_ms=0.1414, comm_eff=0.3449, comm_us=12.44, nic_us=24.76, ttft_base_ms=53.2, wave=0.03276, wave_prefill_first=0.1911, interference=0.3793)
 
 MAX_MEMORY_FRACTION = 0.96             # highest memory fraction we assume an operator set
 
@@ -239,9 +239,10 @@ def load_scenarios(csv_path: str | Path, configs_dir: str | Path | None, *, mode
 
 # ---- fitting --------------------------------------------------------------------------
 
-FIT_NAMES = ("gemm_eff", "mem_eff", "attn_eff", "moe_eff", "layer_us", "iter_ms", "comm_eff", "comm_us", "wave")
-_CAPPED = {"gemm_eff", "mem_eff", "attn_eff", "moe_eff", "comm_eff", "wave"}
-TTFT_WEIGHT = 0.5
+FIT_NAMES = ("gemm_eff", "mem_eff", "attn_eff", "moe_eff", "layer_us", "iter_ms", "comm_eff", "comm_us",
+             "nic_us", "ttft_base_ms", "wave", "wave_prefill_first", "interference")
+_CAPPED = {"gemm_eff", "mem_eff", "attn_eff", "moe_eff", "comm_eff", "wave", "wave_prefill_first", "interference"}
+TTFT_WEIGHT = 1.0
 
 
 def _make(x: list[float], base: PerfParams) -> PerfParams:
@@ -311,5 +312,7 @@ def fit(scenarios: list[Scenario], base: PerfParams | None = None, iters: int = 
     """Fit the global parameters to `scenarios` (see module docstring)."""
     base = base or PerfParams()
     x0 = [math.log(getattr(base, n)) for n in FIT_NAMES]
-    best, _ = nelder_mead(lambda x: loss(scenarios, _make(x, base)), x0, iters=iters)
+    f = lambda x: loss(scenarios, _make(x, base))  # noqa: E731
+    best, _ = nelder_mead(f, x0, iters=iters)
+    best, _ = nelder_mead(f, best, step=0.1, iters=iters // 2)  # restart: fresh simplex
     return _make(best, base)

@@ -19,7 +19,9 @@ Algorithm (facts in ../shared/docs/planner.md, "Time" and "Communication"):
    - a fixed `layer_us` per layer (kernel launches that CUDA graphs do not hide),
    plus `iter_ms` per iteration (scheduler, sampling).
 2. DECODE (TPOT): at concurrency B the engine runs `B_run = min(B, max_num_seqs,
-   KV capacity)` sequences. In steady state each finished request is replaced,
+   KV capacity, token budget)` sequences (the token budget: a chunk of C tokens
+   per iteration sustains at most C * OSL / (ISL + OSL) decoding sequences per
+   rank, since each iteration must also carry their successors' prefill). In steady state each finished request is replaced,
    so on average every iteration also carries `B_run * ISL / OSL` prefill tokens
    (capped by the chunk budget): other requests' prefill lands in decode steps
    and lengthens TPOT. With PP the sequences split into `min(PP, B)` microbatches
@@ -29,7 +31,8 @@ Algorithm (facts in ../shared/docs/planner.md, "Time" and "Communication"):
    - its own chunks: `ISL / chunk_free` iterations, each carrying the chunk plus
      the running decodes (chunk_free = chunk budget minus decode tokens);
    - the arrival WAVE: a closed-loop benchmark releases requests together, so a
-     request waits for a share (`wave`) of the others' prefill tokens in its wave;
+     request waits for a share (`wave`) of the others' prefill tokens in its wave
+     (a larger share, `wave_prefill_first`, under a prefill-first scheduler);
    - ADMISSION: when B exceeds the batch slots or the KV cache, the excess waits
      for running requests to finish (Little's law for a closed loop):
      `wait = service_time * (B / B_run - 1)`, service = prefill + OSL * TPOT.
@@ -68,14 +71,24 @@ class PerfParams:
     layer_us: float = 15.0       # fixed cost per layer per iteration (µs)
     iter_ms: float = 3.0         # fixed cost per iteration (ms)
     comm_eff: float = 0.7        # share of link bandwidth reached by collectives
-    comm_us: float = 10.0        # latency per collective (µs)
-    wave: float = 0.5            # share of the arrival wave's prefill a request waits for
+    comm_us: float = 10.0        # latency per collective inside the NVLink domain (µs)
+    nic_us: float = 40.0         # latency per collective that crosses the NIC (µs)
+    ttft_base_ms: float = 30.0   # per-request fixed cost before the first token (HTTP, tokenise, schedule)
+    wave: float = 0.1            # share of the arrival wave's prefill a request waits for (mixed batches)
+    wave_prefill_first: float = 0.5  # the same for prefill-first schedulers (SGLang's default)
+    interference: float = 1.0    # share of others' prefill tokens that lands in decode iterations
 
     def with_values(self, **kw) -> "PerfParams":
         return PerfParams(**{**self.__dict__, **kw})
 
 
 # ---- engine defaults ------------------------------------------------------------------
+
+# Schedulers that run new requests' prefill as separate batches ahead of decode
+# (SGLang without --enable-mixed-chunk) rather than mixing chunks into decode
+# iterations (vLLM V1, TensorRT-LLM): a request arriving with others waits for
+# more of their prefill.
+PREFILL_FIRST_ENGINES = frozenset({"sglang"})
 
 def engine_defaults(engine: str, gpu: GpuSpec) -> tuple[int, int]:
     """(chunk_size = max tokens per iteration, max_num_seqs) an engine uses when not told.
@@ -124,6 +137,8 @@ class _Stage:
     hbm: float                   # bytes/s
     tp_bw: float                 # bytes/s one direction for TP collectives
     ep_bw: float                 # effective bytes/s for EP all-to-all
+    tp_cross: bool               # TP group crosses the NVLink domain
+    ep_cross: bool               # EP group crosses the NVLink domain
     pp_bw: float                 # bytes/s between stages
     act_bytes: float             # bytes per activation element on the wire (bf16)
     dispatch_bytes: float        # bytes per element for EP dispatch
@@ -195,6 +210,8 @@ def _stage(model: ModelArch, gpu: GpuSpec, m: ReplicaMapping, weight_dtype: str,
         hbm=gpu.hbm_tb_s * 1e12,
         tp_bw=_link_bw(gpu, tp),
         ep_bw=_link_bw(gpu, m.moe_tp * m.moe_ep),
+        tp_cross=tp > gpu.nvlink_domain,
+        ep_cross=m.moe_tp * m.moe_ep > gpu.nvlink_domain,
         pp_bw=_link_bw(gpu, m.gpus_per_stage * 2) if m.gpus_per_stage * 2 > gpu.nvlink_domain else _link_bw(gpu, 2),
         act_bytes=2.0,
         dispatch_bytes=1.0 if weight_dtype in ("fp8", "fp4", "int8") else 2.0,
@@ -248,12 +265,14 @@ def iteration_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams,
         if m.moe_ep > 1:
             tok_gpu = T / m.attn_tp
             a2a = tok_gpu * k * model.hidden_size * (st.dispatch_bytes + st.act_bytes) * (m.moe_ep - 1) / m.moe_ep
-            t += st.n_moe * (a2a / (st.ep_bw * q.comm_eff) + 2 * q.comm_us * 1e-6)
+            lat = q.nic_us if st.ep_cross else q.comm_us
+            t += st.n_moe * (a2a / (st.ep_bw * q.comm_eff) + 2 * lat * 1e-6)
     # TP all-reduce: after attention and after FFN
     if m.attn_tp > 1:
         n = m.attn_tp
         size = T * model.hidden_size * st.act_bytes
-        t += st.n_layers * 2 * (2.0 * size * (n - 1) / n / (st.tp_bw * q.comm_eff) + q.comm_us * 1e-6)
+        lat = q.nic_us if st.tp_cross else q.comm_us
+        t += st.n_layers * 2 * (2.0 * size * (n - 1) / n / (st.tp_bw * q.comm_eff) + lat * 1e-6)
     # fixed per-layer cost
     t += st.n_layers * q.layer_us * 1e-6
     # LM head (last stage; charged once per token rotation, spread over stages)
@@ -320,14 +339,14 @@ def predict(
             concurrency = max(1, math.ceil(workload.concurrency / dp))
         elif workload.request_rate is not None:
             # Little's law with a first guess of the request time at low load
-            base = _core(model, st, m, q, isl, osl, 1, chunk, seqs_cap, memory)
+            base = _core(model, st, m, q, isl, osl, 1, chunk, seqs_cap, memory, engine)
             r_time_s = (base[0] + osl * base[1]) / 1e3
             concurrency = max(1, math.ceil(workload.request_rate / dp * r_time_s))
             notes.append(f"concurrency {concurrency} from request rate via Little's law")
         else:
             concurrency = max(1, min(seqs_cap, memory.max_concurrency or 1))
     B = max(1, int(concurrency))
-    ttft, tpot, b_run, prefill_ms = _core(model, st, m, q, isl, osl, B, chunk, seqs_cap, memory)
+    ttft, tpot, b_run, prefill_ms = _core(model, st, m, q, isl, osl, B, chunk, seqs_cap, memory, engine)
     if b_run < B:
         notes.append(f"only {b_run} of {B} requests run at once (batch slots / KV cache); the rest queue")
     tps_user = 1000.0 / tpot
@@ -338,22 +357,29 @@ def predict(
 
 
 def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: int, B: int,
-          chunk: int, seqs_cap: int, memory: MemoryFit) -> tuple[float, float, int, float]:
+          chunk: int, seqs_cap: int, memory: MemoryFit, engine: str = "vllm") -> tuple[float, float, int, float]:
     """(ttft_ms, tpot_ms, running sequences, no-queue prefill_ms) at concurrency B."""
-    # admission: batch slots and KV capacity (sequences at their mean context)
+    # admission: batch slots and KV capacity. Engines admit a request only when its
+    # whole context (isl + osl) is guaranteed (TensorRT-LLM GUARANTEED_NO_EVICT) or
+    # preempt and recompute when it is not (vLLM, SGLang): either way a replica
+    # sustains about capacity / (isl + osl) sequences.
     kv_seqs = B
     if memory.kv_capacity_tokens > 0:
-        mean_ctx = isl + osl / 2.0
-        kv_seqs = max(1, int(memory.kv_capacity_tokens // mean_ctx))
+        kv_seqs = max(1, int(memory.kv_capacity_tokens // (isl + osl)))
     elif not memory.fits:
         kv_seqs = 1
-    b_run = max(1, min(B, seqs_cap, kv_seqs))
     ranks = m.attn_dp
+    # token budget: in steady state every iteration must also carry the prefill of the
+    # requests that replace finished ones, d * ISL / OSL tokens per rank, so a chunk
+    # budget sustains at most d = chunk * OSL / (ISL + OSL) decoding sequences per rank
+    # and microbatch; the rest wait for admission like any other excess.
+    budget_seqs = max(1, int(chunk * osl / (isl + osl))) * ranks * max(1, m.pp)
+    b_run = max(1, min(B, seqs_cap, kv_seqs, budget_seqs))
     micro = min(m.pp, b_run)                        # pipeline microbatches in flight
     d = b_run / ranks / micro                       # decode tokens per rank per stage step
     ctx = isl + osl / 2.0
     # other requests' prefill landing in decode iterations (steady state)
-    p_avg = min(max(chunk - d, 0.0), d * isl / osl)
+    p_avg = min(max(chunk - d, 0.0), q.interference * d * isl / osl)
     pctx = isl / 2.0
     stage = iteration_ms(model, st, m, q, d, ctx, p_avg, pctx)
     hop_ms = 0.0
@@ -363,14 +389,15 @@ def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: in
     # prefill of one request: own chunks plus its share of the arrival wave
     chunk_free = max(chunk - d, chunk / 4.0)
     per_rank = max(1.0, b_run / ranks)
-    tokens = isl * (1.0 + q.wave * (per_rank - 1.0))
+    wave = q.wave_prefill_first if engine in PREFILL_FIRST_ENGINES else q.wave
+    tokens = isl * (1.0 + wave * (per_rank - 1.0))
     n_iter = max(1.0, tokens / chunk_free)
     p_iter = min(tokens, chunk_free)
     pf_stage = iteration_ms(model, st, m, q, d, ctx, p_iter, pctx)
     prefill = n_iter * m.pp * (pf_stage + hop_ms)
     own = max(1.0, isl / chunk_free) * m.pp * (
         iteration_ms(model, st, m, q, d, ctx, min(isl, chunk_free), pctx) + hop_ms)
-    ttft = prefill
+    ttft = q.ttft_base_ms + prefill
     if B > b_run:
         service = prefill + osl * tpot
         ttft += service * (B / b_run - 1.0)
@@ -416,7 +443,7 @@ def predict_disagg(
         raise ValueError(f"decode layout does not fit memory: {d_mem.reason}")
     dst = _stage(model, gpu, dm, weight_dtype, kv_dtype)
     B = max(1, math.ceil(concurrency / max(1, decode_workers)))
-    kv_seqs = max(1, int(d_mem.kv_capacity_tokens // (isl + osl / 2.0)))
+    kv_seqs = max(1, int(d_mem.kv_capacity_tokens // (isl + osl)))
     b_run = max(1, min(B, dseqs, kv_seqs))
     micro = min(dm.pp, b_run)
     d = b_run / dm.attn_dp / micro
@@ -439,7 +466,7 @@ def predict_disagg(
     notes = []
     if x < cap_per_s:
         rho = x / cap_per_s
-        ttft = service_ms * (1.0 + rho / (2.0 * (1.0 - rho))) + xfer_ms
+        ttft = q.ttft_base_ms + service_ms * (1.0 + rho / (2.0 * (1.0 - rho))) + xfer_ms
         # once the prefill queue wait exceeds the slack, the loop slows: never exceed the bound below
         ttft = min(ttft, max(service_ms + xfer_ms, concurrency / cap_per_s * 1e3 - osl * tpot))
     else:
