@@ -427,9 +427,10 @@ def predict_disagg(
     Decode workers run decode-only iterations (no prefill interference). Prefill
     workers batch `prefill_batch` requests per attention rank; requests arrive at
     the closed-loop rate X = concurrency / (TTFT + OSL * TPOT). While X is below
-    the prefill capacity, TTFT = batch service time + M/D/1 wait + KV transfer;
-    when prefill is the bottleneck the loop slows to its capacity and TTFT =
-    concurrency / capacity - OSL * TPOT.
+    the prefill capacity, TTFT = base + batch service time x (1 + wave share of
+    the other requests released with it per prefill rank) + KV transfer, the same
+    wave model as aggregated serving; when prefill is the bottleneck the loop
+    slows to its capacity and TTFT = concurrency / capacity - OSL * TPOT.
     """
     q = _params(params)
     pm, dm = as_mapping(prefill), as_mapping(decode)
@@ -465,10 +466,11 @@ def predict_disagg(
     x = concurrency / (cycle_ms / 1e3)
     notes = []
     if x < cap_per_s:
-        rho = x / cap_per_s
-        ttft = q.ttft_base_ms + service_ms * (1.0 + rho / (2.0 * (1.0 - rho))) + xfer_ms
-        # once the prefill queue wait exceeds the slack, the loop slows: never exceed the bound below
-        ttft = min(ttft, max(service_ms + xfer_ms, concurrency / cap_per_s * 1e3 - osl * tpot))
+        # the arrival wave: requests released together queue at the prefill ranks
+        ranks = max(1, prefill_workers * pm.attn_dp)
+        wave = q.wave_prefill_first if engine in PREFILL_FIRST_ENGINES else q.wave
+        in_wave = max(0.0, concurrency / ranks / per_iter_reqs - 1.0)
+        ttft = q.ttft_base_ms + service_ms * (1.0 + wave * in_wave) + xfer_ms
     else:
         ttft = concurrency / cap_per_s * 1e3 - osl * tpot
         notes.append("prefill workers are the bottleneck")
