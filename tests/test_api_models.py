@@ -247,3 +247,9 @@ def test_secret_env_names_need_a_secret_ref(name):
         spec_of(engine={"env": [{"name": name, "value": "x"}]})
     ref = {"secretKeyRef": {"name": "hf-token", "key": "token"}}
     assert spec_of(engine={"env": [{"name": name, "valueFrom": ref}]}).engine.env[0].value_from is not None
+
+
+@pytest.mark.parametrize("value", ["3", True, 3.5])
+def test_models_are_as_strict_about_types_as_the_api_server(value):
+    with pytest.raises(pydantic.ValidationError, match="replicas"):
+        spec_of(replicas=value)

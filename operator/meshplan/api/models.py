@@ -7,14 +7,36 @@ These models are the single source of truth of the API:
 - the operator and the CLI parse manifests with them (`LLMDeployment.from_manifest`);
 - cross-field rules are declared once per model as `Rule`s: each carries the CEL
   expression the API server evaluates (`x-kubernetes-validations`) and the same
-  check written in Python, so `meshplan plan manifest.yaml` rejects exactly what
-  `kubectl apply` rejects, with the same message. Transition rules (`oldSelf`,
+  check written in Python, so `meshplan plan manifest.yaml` refuses what
+  `kubectl apply` would refuse, with the same message (the models are strict
+  about types, as the API server is). Transition rules (`oldSelf`,
   immutable fields) only exist on the server side.
 
 What CEL cannot check (a catalogue model name exists, pinned sizes divide the
 catalogue model's heads/experts, GPU product names are known) lives in
 `validate_semantics`, which the operator runs before planning and reports as a
 `Planned=False` condition.
+
+Decisions worth knowing:
+
+- Immutable (CEL `self == oldSelf`): `engine.kind` (engines differ in metrics,
+  multi-node bootstrap and API details, so a mixed fleet mid-roll would serve
+  and autoscale inconsistently: deploy a second LLMDeployment and shift
+  traffic) and `model.servedName` once set (clients address the model by it).
+  The model and its weights stay mutable: changing them re-plans and rolls
+  replicas group by group.
+- `replicas` is not forced into [minReplicas, maxReplicas] when autoscaling is
+  on: the CRD cannot tell a defaulted `replicas: 1` from a written one, so such
+  a rule would refuse `minReplicas: 2` manifests that never mention replicas.
+  The autoscaler clamps instead and reports `status.desiredReplicas`.
+- `requestRate` and `concurrency` are mutually exclusive but both optional:
+  with neither, the planner explores the whole throughput/interactivity
+  frontier (the NVIDIA blog's picture) and picks by `objective`.
+- Pinned parallel sizes are int-or-string (`auto` or an integer) in the CRD;
+  CEL checks the string is exactly `auto` and multiplies the pinned ones (auto
+  counts as 1, a lower bound) against `gpus.maxGpus`.
+- Serving toggles are `auto|enabled|disabled`, not `on|off`: YAML 1.1 reads
+  unquoted on/off as booleans.
 
 Conventions: YAML keys are camelCase (`alias_generator`), Python attributes are
 snake_case (`populate_by_name`). Optional fields default to `None` and are left
@@ -156,6 +178,7 @@ class ApiModel(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
+        strict=True,  # like the API server: "3" is not an integer, "true" not a boolean
         validate_default=True,
         json_schema_extra=_add_rules,
     )
@@ -998,7 +1021,7 @@ class Condition(ApiModel):
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = _str("CamelCase machine-readable reason for the last transition.", 1024, r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
     message: str = _str("Human-readable explanation, with the numbers behind it.", 32768, default="")
-    last_transition_time: datetime = Field(description="When the status last changed (RFC 3339).")
+    last_transition_time: datetime = Field(strict=False, description="When the status last changed (RFC 3339).")
     observed_generation: int | None = Field(default=None, ge=0, description="metadata.generation this condition describes.")
 
 
@@ -1048,8 +1071,8 @@ class ReplicaPlacement(ApiModel):
 class AutoscalingStatus(ApiModel):
     """The last autoscaling decision and what it was based on."""
 
-    last_decision_time: datetime | None = Field(default=None, description="When the autoscaler last evaluated.")
-    last_scale_time: datetime | None = Field(default=None, description="When the replica count last changed.")
+    last_decision_time: datetime | None = Field(default=None, strict=False, description="When the autoscaler last evaluated.")
+    last_scale_time: datetime | None = Field(default=None, strict=False, description="When the replica count last changed.")
     from_replicas: int | None = Field(default=None, ge=0, description="Replicas before the last decision.")
     to_replicas: int | None = Field(default=None, ge=0, description="Replicas after the last decision.")
     reason: str | None = _str("Why (e.g. ttft ratio 1.4 above 1.0 for 60s).", 4096, default=None)
