@@ -33,9 +33,6 @@ WORKLOAD = Workload(isl=1024, osl=256)
 
 PERF_PP = ("perf.predict prices PP exactly like DP at the same per-GPU load: TPOT = pp x stage time of "
            "b_run/(attn_dp*pp) tokens, so EP16PP4's curve coincides with EP16DP4's (no interactivity gain)")
-PERF_CHUNK = ("perf.predict has no steady-state token budget: p_avg = min(chunk - d, d*ISL/OSL) lets a small chunk "
-              "skip the prefill the batch needs, so chunk 128 sustains any batch and wins; it needs "
-              "b_run per rank <= chunk * OSL / (ISL + OSL)")
 
 
 def curve(tp: int, ep: int, pp: int, chunks=None):
@@ -82,7 +79,6 @@ def test_tp4ep4pp4_doubles_throughput_of_tp64_at_no_less_interactivity():
     assert best.prediction.tokens_per_s_per_gpu >= 2.0 * t.tokens_per_s_per_gpu, (best.prediction, t)
 
 
-@pytest.mark.xfail(strict=True, reason=PERF_CHUNK)
 def test_best_chunk_for_tp2ep16pp2_at_reading_speed_is_between_512_and_2048():
     cands = curve(2, 16, 2)
     by_chunk = {}
@@ -90,5 +86,8 @@ def test_best_chunk_for_tp2ep16pp2_at_reading_speed_is_between_512_and_2048():
         b = best_at([c for c in cands if c.chunk_size == chunk], READING_SPEED)
         if b is not None:
             by_chunk[chunk] = b.prediction.tokens_per_s_per_gpu
-    best_chunk = max(by_chunk, key=by_chunk.get)
-    assert 512 <= best_chunk <= 2048, by_chunk
+    in_range = max(v for k, v in by_chunk.items() if 512 <= k <= 2048)
+    # the best throughput at reading speed is reached inside 512..2048 (ties with larger chunks allowed) ...
+    assert all(in_range >= v for v in by_chunk.values()), by_chunk
+    # ... and a small chunk (128) is clearly worse: it cannot keep up with the batch's prefill
+    assert by_chunk[128] < 0.95 * in_range, by_chunk
