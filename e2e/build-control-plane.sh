@@ -23,7 +23,9 @@ log() { printf '[build] %s\n' "$*" >&2; }
 
 have() {  # have BINARY EXPECTED_SUBSTRING VERSION_ARGS...
   local b="$BIN/$1" want="$2"; shift 2
-  [ -x "$b" ] && "$b" "$@" 2>&1 | grep -q -- "$want"
+  [ -x "$b" ] || return 1
+  local out; out="$("$b" "$@" 2>&1 || true)"   # no pipe into grep -q: SIGPIPE + pipefail = false negative
+  [[ "$out" == *"$want"* ]]
 }
 
 build_kubernetes() {
@@ -70,17 +72,18 @@ build_etcd() {
   go build -trimpath -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3
 }
 
-build_gotool() {  # build_gotool NAME MODULE_PATH VERSION VERSION_ARGS
-  local name="$1" mod="$2" ver="$3"; shift 3
+build_gotool() {  # build_gotool NAME MODULE_PATH VERSION EXTRA_LDFLAGS VERSION_ARGS...
+  local name="$1" mod="$2" ver="$3" ldx="$4"; shift 4
   if have "$name" "$ver" "$@"; then log "$name $ver cached"; return; fi
   log "go install $mod@$ver"
-  GOBIN="$BIN" go install -trimpath -ldflags "-s -w" "$mod@$ver"
+  GOBIN="$BIN" go install -trimpath -ldflags "-s -w $ldx" "$mod@$ver"
 }
 
 build_kubernetes
 build_etcd
-build_gotool kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" --version
-build_gotool helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" version
+build_gotool kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" "" --version
+# helm stamps its version by ldflags in release builds; without it `helm version` says v3.21
+build_gotool helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" version
 ln -sfn "$BIN" "$CACHE/bin"
 log "binaries in $BIN"
 ls -la "$BIN" >&2

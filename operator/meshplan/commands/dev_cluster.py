@@ -61,8 +61,23 @@ def run(args) -> int:
 
 def print_topology(c: Cluster) -> None:
     """Nodes, GPUs and NVLink domains as the operator will see them."""
-    from meshplan.topology import build_topology, format_topology
+    from meshplan.topology import build_topology
 
     nodes = json.loads(c.kubectl("get", "nodes", "-o", "json").stdout)["items"]
     pods = json.loads(c.kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]
     print(format_topology(build_topology(nodes, pods)))
+
+
+def format_topology(topo) -> str:
+    """A table of NVLink domains: where a TP/EP group may live and how much is free."""
+    lines = [f"{len(topo.nodes)} GPU nodes, {topo.total_gpus} GPUs ({topo.free_gpus} free) "
+             f"in {len(topo.domains)} NVLink domains"]
+    header = f"{'NVLINK DOMAIN':<48} {'ZONE':<8} {'PRODUCT':<22} {'NODES':>5} {'GPUS/NODE':>9} {'GPUS':>5} {'FREE':>5}  LINK"
+    lines.append(header)
+    for d in sorted(topo.domains, key=lambda d: (d.zone, d.product, d.name)):
+        link = ("multi-node NVLink" if d.multi_node else "NVLink") if d.nvlink else "PCIe (no NVLink)"
+        lines.append(f"{d.name[:48]:<48} {d.zone:<8} {d.product[:22]:<22} {len(d.nodes):>5} "
+                     f"{d.gpus_per_node:>9} {d.total_gpus:>5} {d.free_gpus:>5}  {link}")
+    for node, why in topo.excluded:
+        lines.append(f"not capacity: {node} ({why})")
+    return "\n".join(lines)
