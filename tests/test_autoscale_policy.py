@@ -26,7 +26,7 @@ from meshplan.autoscale.snapshot import (
 from meshplan.planner.types import SLO
 
 T0 = 1_000_000.0
-CFG = AutoscaleConfig(min_replicas=1, max_replicas=10, ttft_target_s=1.0, itl_target_s=0.05)
+CFG = AutoscaleConfig(min_replicas=1, max_replicas=10, ttft_target_s=1.0, itl_target_s=0.05, target_load_fraction=0.9)
 CAP = ReplicaCapacity(requests_per_s_at_slo=2.0)  # sized at 90 %: 1.8 req/s per replica
 
 
@@ -389,7 +389,8 @@ def _latency(rps: float, replicas: int, capacity_rps: float) -> tuple[float, flo
     rho = rps / (replicas * capacity_rps)
     if rho >= 1:
         return 10.0, 1.0
-    return 0.2 + 0.3 * rho / (1 - rho), 0.02 + 0.02 * rho
+    # ITL breaks at rho 0.67, TTFT at 0.73: a planner that says 2.0 req/s is optimistic
+    return 0.2 + 0.3 * rho / (1 - rho), 0.02 + 0.045 * rho
 
 
 @settings(max_examples=100, deadline=None)
