@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             fleet = load_fleet(args.fleet, node_selector=selector)
         elif args.kubeconfig:
             fleet = fleet_from_kubeconfig(args.kubeconfig, selector)
-        result = plan_for_spec(llmd.spec, fleet)
+        result = plan_for_spec(llmd.spec, fleet, keep_curves=bool(args.plot))
     except (ValueError, KeyError) as exc:
         print(f"meshplan plan: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2

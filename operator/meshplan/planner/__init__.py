@@ -79,8 +79,12 @@ def plan(
     replicas: int | None = None,
     predictor: Any = None,
     n_alternatives: int = 3,
+    keep_curves: bool = False,
 ) -> Plan:
-    """Plan `model` on the GPU products `gpus` (catalogue names or `GpuSpec`s); see module doc."""
+    """Plan `model` on the GPU products `gpus` (catalogue names or `GpuSpec`s); see module doc.
+
+    `keep_curves` adds every layout's own frontier to `extra["shape_frontiers"]` (for the plot).
+    """
     from meshplan.catalog.gpus import get_gpu
 
     if objective not in OBJECTIVES:
@@ -136,7 +140,8 @@ def plan(
         extra["engine_config"] = e.config
         extra["engine_notes"] = list(e.notes)
     extra["eligible"] = chosen.eligible
-    extra["shape_frontiers"] = shape_frontiers(candidates)
+    if keep_curves:                                   # per-layout curves, for the plot
+        extra["shape_frontiers"] = shape_frontiers(candidates)
     return Plan(
         choice=chosen.choice,
         objective=objective,

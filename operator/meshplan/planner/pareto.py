@@ -36,11 +36,11 @@ def pareto_frontier(
     That order is the frontier as drawn: left (slow per user, high throughput)
     to right (fast per user, low throughput).
     """
-    ranked = sorted(items, key=lambda c: (-throughput(c), -interactivity(c)))
+    keyed = [(throughput(c), interactivity(c), n, c) for n, c in enumerate(items)]
+    keyed.sort(key=lambda k: (-k[0], -k[1], k[2]))
     frontier: list[T] = []
     best_interactivity = float("-inf")
-    for item in ranked:
-        i = interactivity(item)
+    for _, i, _, item in keyed:
         if i > best_interactivity:
             frontier.append(item)
             best_interactivity = i
