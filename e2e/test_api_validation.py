@@ -124,6 +124,34 @@ def test_scale_subresource_drives_spec_replicas(api):
     assert stored["spec"]["replicas"] == 3
 
 
+def test_status_from_the_models_is_accepted_and_printed(api):
+    """What the operator writes (LLMDeploymentStatus.to_manifest()) fits the CRD's status schema,
+    the printer columns show it, and the scale subresource reports replicas and selector."""
+    from meshplan.api.models import LLMDeploymentStatus
+
+    cluster, ns = api
+    assert _create(cluster, ns, CASES.with_spec({}, name="with-status")).returncode == 0
+    status = LLMDeploymentStatus.model_validate({
+        "observedGeneration": 1,
+        "conditions": [{"type": "Planned", "status": "True", "reason": "PlanChosen", "message": "TP4·EP4·PP4 fits",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}],
+        "plan": {"layout": "TP4·EP4·PP4", "tp": 4, "ep": 4, "pp": 4, "gpusPerReplica": 64,
+                 "predicted": {"ttftMs": 250.0, "itlMs": 20.0, "tokensPerSecondPerGpu": 1234.5}},
+        "placement": [{"index": 0, "nvlinkDomain": "clique-a", "nodes": ["n1"], "gpus": 64, "ready": True}],
+        "replicas": 1, "readyReplicas": 1, "desiredReplicas": 1, "selector": "meshplan.dev/deployment=with-status",
+    })
+    res = cluster.kubectl("patch", "llmd", "with-status", "-n", ns, "--subresource=status", "--type=merge",
+                          "-p", json.dumps({"status": status.to_manifest()}), check=False)
+    assert res.returncode == 0, res.stderr
+    table = cluster.kubectl("get", "llmd", "with-status", "-n", ns).stdout
+    assert "TP4·EP4·PP4" in table and "1234.5" in table and "llama-3.1-8b" in table, table
+    scale = json.loads(cluster.kubectl("get", "--raw",
+                                       f"/apis/meshplan.dev/v1alpha1/namespaces/{ns}/llmdeployments/with-status/scale").stdout)
+    assert scale["status"] == {"replicas": 1, "selector": "meshplan.dev/deployment=with-status"}
+    stored = json.loads(cluster.kubectl("get", "llmd", "with-status", "-n", ns, "-o", "json").stdout)
+    assert LLMDeploymentStatus.model_validate(stored["status"]) == status
+
+
 @pytest.mark.parametrize(
     "path",
     ["spec", "spec.slo", "spec.model.weights", "spec.parallelism.tensor", "spec.autoscaling.metrics",
