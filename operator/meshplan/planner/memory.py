@@ -60,6 +60,8 @@ _ACT_C_MOE = {1: 22, 2: 13, 4: 10}
 
 # dtype order from most to least precise (the accuracy floor compares positions)
 PRECISION_ORDER = ("bf16", "fp8", "fp4", "int4")
+# 4-bit float and 4-bit integer weights count as the same precision level for the floor
+PRECISION_RANK = {"bf16": 0, "fp16": 0, "fp8": 1, "int8": 1, "fp4": 2, "int4": 2}
 
 
 @dataclass(frozen=True)
@@ -241,24 +243,27 @@ def choose_precision(
     """(weight_dtype, kv_dtype) for `quantization: auto`.
 
     Rule: walk bf16 -> fp8 -> fp4 -> int4 and take the first dtype that
-    (1) is not less precise than `accuracy_floor`, (2) the GPU runs natively
+    (1) is not less precise than `accuracy_floor` (fp4 and int4 are one level), (2) the GPU runs natively
     (fp8 needs FP8 tensor cores, i.e. Hopper/Ada/Blackwell/MI300; fp4 needs
-    Blackwell; int4 is weight-only and allowed anywhere) and (3) keeps the
+    Blackwell; int4 is weight-only, allowed on GPUs without FP4) and (3) keeps the
     weights within `weights_share` of the memory of `gpus` GPUs (default: one
     NVLink domain), leaving the rest for KV cache. A checkpoint published in a
     smaller dtype (DeepSeek FP8, gpt-oss MXFP4) is never up-cast: its native
-    dtype is the starting point. If nothing fits, the smallest allowed dtype is
+    dtype is the starting point, and always allowed (engines run FP4 checkpoints
+    weight-only on GPUs without FP4 tensor cores). If nothing fits, the smallest allowed dtype is
     returned and the memory fit will say why. KV cache is fp8 whenever the GPU
     has FP8 tensor cores and the floor allows, else bf16.
     """
-    if accuracy_floor not in PRECISION_ORDER:
-        raise ValueError(f"accuracy_floor must be one of {PRECISION_ORDER}, got {accuracy_floor!r}")
+    if accuracy_floor not in PRECISION_RANK:
+        raise ValueError(f"accuracy_floor must be one of {sorted(PRECISION_RANK)}, got {accuracy_floor!r}")
     n = gpus or gpu.nvlink_domain
-    floor = PRECISION_ORDER.index(accuracy_floor)
+    floor = PRECISION_RANK[accuracy_floor]
     native = model.native_dtype if model.native_dtype in PRECISION_ORDER else "bf16"
-    start = PRECISION_ORDER.index(native)
-    allowed = [d for i, d in enumerate(PRECISION_ORDER) if start <= i <= floor
-               and (d in ("bf16", "int4") or gpu.supports(d))]
+    start = PRECISION_RANK[native]
+    allowed = [d for d in PRECISION_ORDER if start <= PRECISION_RANK[d] <= floor
+               and (d in ("bf16", "int4", native) or gpu.supports(d))]
+    if gpu.supports("fp4") and "fp4" in allowed and native != "int4":
+        allowed.remove("int4")  # FP4 tensor cores beat INT4 weight-only kernels at the same size
     if not allowed:
         allowed = [native]
     budget = weights_share * gpu.memory_bytes * n
@@ -267,5 +272,5 @@ def choose_precision(
         if weight_bytes_per_gpu(model, ReplicaMapping(), d) <= budget:
             choice = d
             break
-    kv = "fp8" if gpu.supports("fp8") and floor >= PRECISION_ORDER.index("fp8") else "bf16"
+    kv = "fp8" if gpu.supports("fp8") and floor >= PRECISION_RANK["fp8"] else "bf16"
     return choice, kv
