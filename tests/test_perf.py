@@ -1,0 +1,146 @@
+"""Performance-model properties: monotonicity, links, admission, expert counting, and the
+fitted parameters staying physical."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from meshplan.catalog.gpus import get_gpu
+from meshplan.catalog.models import get_model
+from meshplan.planner import perf
+from meshplan.planner.calibration import FIT_NAMES, FITTED_PARAMS
+from meshplan.planner.memory import ReplicaMapping, memory_fit
+from meshplan.planner.perf import distinct_experts, predict
+from meshplan.planner.types import Layout, Workload
+
+H100 = get_gpu("h100_sxm")
+B200 = get_gpu("b200_sxm")
+LLAMA70 = get_model("llama-3.1-70b")
+DS = get_model("deepseek-v3")
+
+
+def _p(model=LLAMA70, gpu=H100, layout=Layout(tp=4), isl=1024, osl=256, conc=16, **kw):
+    kw.setdefault("weight_dtype", "fp8")
+    kw.setdefault("kv_dtype", "fp8")
+    return predict(model, gpu, layout, Workload(isl=isl, osl=osl), concurrency=conc, **kw)
+
+
+def test_tpot_never_falls_as_concurrency_grows():
+    prev = 0.0
+    for c in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        t = _p(conc=c).tpot_ms
+        assert t >= prev
+        prev = t
+
+
+def test_throughput_per_gpu_grows_with_batch_until_saturation():
+    low, high = _p(conc=1), _p(conc=64)
+    assert high.tokens_per_s_per_gpu > 10 * low.tokens_per_s_per_gpu
+    assert high.tokens_per_s_per_user < low.tokens_per_s_per_user
+
+
+def test_ttft_grows_with_input_length():
+    prev = 0.0
+    for isl in (128, 512, 2048, 8192, 32768):
+        t = _p(isl=isl, conc=4).ttft_ms
+        assert t > prev
+        prev = t
+
+
+def test_outputs_are_consistent():
+    p = _p(conc=32)
+    assert p.tokens_per_s_per_user == pytest.approx(1000.0 / p.tpot_ms)
+    assert p.tokens_per_s_per_gpu == pytest.approx(32 * p.tokens_per_s_per_user / 4)
+    assert 0 < p.prefill_ms <= p.ttft_ms
+
+
+def test_crossing_the_nvlink_domain_slows_tensor_parallelism():
+    small_domain = dataclasses.replace(H100, name="h100_4gpu_domain", nvlink_domain=4)
+    inside = _p(layout=Layout(tp=8), conc=32)
+    across = _p(gpu=small_domain, layout=Layout(tp=8), conc=32)
+    assert across.tpot_ms > inside.tpot_ms
+    assert across.ttft_ms > inside.ttft_ms
+
+
+def test_expert_parallelism_beyond_the_domain_is_slower_than_inside():
+    wide_domain = dataclasses.replace(B200, name="b200_nvl64", nvlink_domain=64)
+    m = ReplicaMapping(attn_tp=1, attn_dp=64, moe_tp=1, moe_ep=64)
+    kw = dict(model=DS, layout=m, conc=512, weight_dtype="fp4")
+    assert _p(gpu=B200, **kw).tpot_ms > _p(gpu=wide_domain, **kw).tpot_ms
+
+
+def test_distinct_experts_counts_only_touched_experts():
+    assert distinct_experts(256, 8, 1) == pytest.approx(8)
+    assert distinct_experts(256, 8, 0) == 0
+    prev = 0.0
+    for t in (1, 4, 16, 64, 256, 4096):
+        d = distinct_experts(256, 8, t)
+        assert prev < d <= 256
+        prev = d
+    assert distinct_experts(256, 8, 10_000) == pytest.approx(256, rel=1e-6)
+
+
+def test_small_moe_batches_read_fewer_expert_weights():
+    # decode at batch 1 touches 8 of 256 experts: much cheaper than reading all of them
+    one = _p(model=DS, gpu=B200, layout=Layout(tp=8), conc=1, weight_dtype="fp4")
+    many = _p(model=DS, gpu=B200, layout=Layout(tp=8), conc=256, weight_dtype="fp4")
+    assert many.tpot_ms > 1.5 * one.tpot_ms
+
+
+def test_admission_queue_when_concurrency_exceeds_kv_capacity():
+    mf = memory_fit(LLAMA70, H100, Layout(tp=2), weight_dtype="fp8", kv_dtype="fp8", context_tokens=9216)
+    cap = mf.max_concurrency
+    assert cap > 2
+    under = _p(layout=Layout(tp=2), isl=8192, osl=1024, conc=cap // 2, memory=mf)
+    over = _p(layout=Layout(tp=2), isl=8192, osl=1024, conc=cap * 3, memory=mf)
+    # beyond capacity the extra requests wait for whole requests to finish
+    assert over.ttft_ms > 1024 * over.tpot_ms
+    assert under.ttft_ms < 1024 * under.tpot_ms
+    assert any("queue" in n for n in over.notes)
+
+
+def test_a_small_chunk_budget_caps_the_running_batch():
+    small = _p(isl=4096, osl=256, conc=256, chunk_size=256)
+    large = _p(isl=4096, osl=256, conc=256, chunk_size=8192)
+    assert small.tokens_per_s_per_gpu < large.tokens_per_s_per_gpu
+    assert small.ttft_ms > large.ttft_ms
+
+
+def test_pipeline_microbatches_multiply_concurrency_not_per_user_speed():
+    m = get_model("gpt-moe-1.8t")
+    gpu = dataclasses.replace(B200, name="b200_192gb", memory_gib=192e9 / 2**30)
+    pp1 = _p(model=m, gpu=gpu, layout=Layout(ep=16), conc=64, weight_dtype="fp4")
+    pp4 = _p(model=m, gpu=gpu, layout=Layout(ep=16, pp=4), conc=256, weight_dtype="fp4")
+    # 4 stages hold 4 microbatches: 4x the sequences at about the same per-user speed and
+    # per-GPU throughput (a token still crosses every layer)
+    assert pp4.tokens_per_s_per_user == pytest.approx(pp1.tokens_per_s_per_user, rel=0.15)
+    assert pp4.tokens_per_s_per_gpu == pytest.approx(pp1.tokens_per_s_per_gpu, rel=0.15)
+    # one sequence gains nothing from PP: it waits for all four stages in turn
+    one_pp1 = _p(model=m, gpu=gpu, layout=Layout(ep=16), conc=1, weight_dtype="fp4")
+    one_pp4 = _p(model=m, gpu=gpu, layout=Layout(ep=16, pp=4), conc=1, weight_dtype="fp4")
+    assert one_pp4.tokens_per_s_per_user <= one_pp1.tokens_per_s_per_user * 1.05
+
+
+def test_request_rate_sets_concurrency_by_littles_law():
+    wl = Workload(isl=1024, osl=256, request_rate=4.0)
+    p = predict(LLAMA70, H100, Layout(tp=4), wl, weight_dtype="fp8", kv_dtype="fp8")
+    assert p.concurrency >= 4  # at least rate x (TTFT + OSL x TPOT) with each request > 1 s
+    assert any("Little" in n for n in p.notes)
+
+
+def test_disaggregated_prediction_has_no_prefill_interference_in_tpot():
+    wl = Workload(isl=8192, osl=1024)
+    agg = _p(model=DS, gpu=B200, layout=Layout(tp=8), isl=8192, osl=1024, conc=32)
+    dis = perf.predict_disagg(DS, B200, Layout(tp=8), Layout(tp=8), wl, weight_dtype="fp8", kv_dtype="fp8",
+                              concurrency=32, prefill_workers=1, decode_workers=1)
+    assert dis.tpot_ms < agg.tpot_ms
+
+
+def test_fitted_parameters_are_physical():
+    for name in FIT_NAMES:
+        v = getattr(FITTED_PARAMS, name)
+        assert v > 0, name
+        if name.endswith("_eff") or name.startswith("wave") or name == "interference":
+            assert v <= 1.0, name
