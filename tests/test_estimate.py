@@ -1,0 +1,80 @@
+"""`meshplan estimate` end to end on a small scenarios CSV written here."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from meshplan.cli import main
+
+HEADER = ["id", "model_path", "system", "backend", "precision", "mode", "isl", "osl", "gemm_quant_mode",
+          "moe_quant_mode", "batch_size", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size",
+          "moe_ep_size", "prefill_batch_size", "prefill_num_workers", "prefill_tp_size", "prefill_pp_size",
+          "prefill_attention_dp_size", "prefill_moe_tp_size", "prefill_moe_ep_size", "decode_batch_size",
+          "decode_num_workers", "decode_tp_size", "decode_pp_size", "decode_attention_dp_size",
+          "decode_moe_tp_size", "decode_moe_ep_size"]
+
+# A Llama-3.1-8B-shaped config.json (huggingface.co/meta-llama/Llama-3.1-8B).
+LLAMA8B_CONFIG = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+                  "vocab_size": 128256, "tie_word_embeddings": False}
+
+
+def _row(**kw):
+    base = {k: "" for k in HEADER}
+    base.update({"model_path": "acme/tiny-llama", "backend": "vllm", "mode": "agg", "isl": "1024",
+                 "osl": "256", "batch_size": "8", "tp_size": "1", "pp_size": "1", "attention_dp_size": "1",
+                 "moe_tp_size": "1", "moe_ep_size": "1"})
+    base.update({k: str(v) for k, v in kw.items()})
+    return base
+
+
+def _run(tmp_path, rows):
+    cfg_dir = tmp_path / "configs"
+    cfg_dir.mkdir()
+    (cfg_dir / "acme--tiny-llama_config.json").write_text(json.dumps(LLAMA8B_CONFIG))
+    src = tmp_path / "scenarios.csv"
+    with src.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=HEADER)
+        w.writeheader()
+        w.writerows(rows)
+    out = tmp_path / "pred.csv"
+    rc = main(["estimate", "--scenarios", str(src), "--model-configs", str(cfg_dir), "--output", str(out)])
+    assert rc == 0
+    with out.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_estimate_predicts_rows_and_explains_the_rest(tmp_path):
+    rows = [
+        _row(id="h100-bf16-c8", system="h100_sxm"),
+        _row(id="plain-name-c64", system="h100", batch_size="64"),
+        _row(id="b200-fp8-tp2", system="b200_sxm", backend="trtllm", precision="fp8",
+             gemm_quant_mode="fp8", moe_quant_mode="fp8", tp_size="2", moe_tp_size="2"),
+        _row(id="disagg", system="gb200", backend="trtllm", mode="disagg", batch_size="",
+             tp_size="", pp_size="", attention_dp_size="", moe_tp_size="", moe_ep_size="",
+             prefill_batch_size="1", prefill_num_workers="1", prefill_tp_size="1", prefill_pp_size="1",
+             prefill_attention_dp_size="1", prefill_moe_tp_size="1", prefill_moe_ep_size="1",
+             decode_batch_size="16", decode_num_workers="2", decode_tp_size="2", decode_pp_size="1",
+             decode_attention_dp_size="1", decode_moe_tp_size="2", decode_moe_ep_size="1"),
+        _row(id="bad-gpu", system="tpu_v5"),
+        _row(id="bad-model", model_path="acme/missing", system="h100_sxm"),
+    ]
+    out = _run(tmp_path, rows)
+    assert [r["id"] for r in out] == [r["id"] for r in rows]
+    by_id = {r["id"]: r for r in out}
+    for rid in ("h100-bf16-c8", "plain-name-c64", "b200-fp8-tp2", "disagg"):
+        r = by_id[rid]
+        assert r["error"] == "", r
+        assert float(r["pred_ttft_ms"]) > 0 and float(r["pred_tpot_ms"]) > 0
+    # more concurrency on the same GPU: slower tokens
+    assert float(by_id["plain-name-c64"]["pred_tpot_ms"]) > float(by_id["h100-bf16-c8"]["pred_tpot_ms"])
+    assert "unknown GPU" in by_id["bad-gpu"]["error"]
+    assert by_id["bad-gpu"]["pred_tpot_ms"] == ""
+    assert "acme--missing_config.json" in by_id["bad-model"]["error"]
+
+
+def test_estimate_reports_a_missing_scenarios_file(tmp_path, capsys):
+    rc = main(["estimate", "--scenarios", str(tmp_path / "nope.csv"), "--output", str(tmp_path / "o.csv")])
+    assert rc == 2
+    assert "--scenarios" in capsys.readouterr().err
