@@ -47,7 +47,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from meshplan.autoscale.policy import AutoscaleConfig, AutoscaleState, ReplicaCapacity, decide
-from meshplan.autoscale.queueing import ReplicaModel
+from meshplan.autoscale.queueing import ReplicaModel, step_fleet
 from meshplan.autoscale.snapshot import MetricsSnapshot
 
 STEP_S = 10.0
@@ -219,7 +219,6 @@ def simulate(scaler, rates: list[float], model: ReplicaModel, ttft_target: float
     gpu_s = 0.0
     changes = 0
     series: dict[str, list[float]] = {k: [] for k in ("t_h", "rps", "replicas", "ready", "ttft_p99_s", "itl_p99_s")}
-    max_rps = model.max_rps
     for i, lam in enumerate(rates):
         t = i * STEP_S
         # replicas finishing startup
@@ -227,17 +226,12 @@ def simulate(scaler, rates: list[float], model: ReplicaModel, ttft_target: float
         ready += len(now_ready)
         starting = [r for r in starting if r > t]
         arrivals = poisson(rng, lam * STEP_S)
-        # serve
-        capacity = ready * max_rps * STEP_S
-        served = min(backlog + arrivals, capacity)
-        backlog = backlog + arrivals - served
-        if ready > 0:
-            per_replica_rps = min(arrivals / STEP_S / ready, max_rps)
-            lat = model.latency(per_replica_rps, backlog_drain_s=backlog / (ready * max_rps))
-            ttft, itl, running = lat.ttft_p99_s, lat.itl_p99_s, lat.running * ready
-            util = min(1.0, (arrivals / STEP_S + backlog / STEP_S) / (ready * max_rps))
+        step = step_fleet(model, arrivals, ready, backlog, STEP_S)
+        backlog, served, util = step.backlog, step.served, step.utilisation
+        if step.latency is not None:
+            ttft, itl, running = step.latency.ttft_p99_s, step.latency.itl_p99_s, step.latency.running * ready
         else:
-            ttft, itl, running, util = math.inf, math.inf, 0.0, 1.0
+            ttft, itl, running = math.inf, math.inf, 0.0
         ok = ttft <= ttft_target and itl <= itl_target
         total_requests += arrivals
         met_requests += arrivals if ok else 0

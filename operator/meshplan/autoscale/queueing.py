@@ -142,3 +142,33 @@ class ReplicaModel:
 
     def concurrency_at_slo(self, ttft_target_s: float | None, itl_target_s: float | None) -> float:
         return self.running_at(self.capacity_at_slo(ttft_target_s, itl_target_s))
+
+
+@dataclass(frozen=True)
+class FleetStep:
+    """One time step of a deployment of `ready` identical replicas sharing arrivals evenly."""
+
+    served: float                   # requests completed this step
+    backlog: float                  # requests waiting beyond all batch slots after the step
+    per_replica_rps: float          # offered to each ready replica (capped at its maximum)
+    utilisation: float              # offered load / what the ready replicas can serve, capped at 1
+    latency: ReplicaLatency | None  # None when no replica is ready
+
+
+def step_fleet(model: ReplicaModel, arrivals: float, ready: int, backlog: float, dt_s: float) -> FleetStep:
+    """Advance a fleet by `dt_s` with `arrivals` new requests (fluid FIFO backlog beyond the slots).
+
+    Arrivals beyond what the ready replicas can complete in the step wait in a
+    backlog; its drain time at full speed is added to TTFT. The simulator and
+    the e2e exporter both advance their fleets with this function.
+    """
+    if ready <= 0:
+        return FleetStep(served=0.0, backlog=backlog + arrivals, per_replica_rps=0.0, utilisation=1.0, latency=None)
+    max_rps = model.max_rps
+    capacity = ready * max_rps * dt_s
+    served = min(backlog + arrivals, capacity)
+    left = backlog + arrivals - served
+    per_replica = min(arrivals / dt_s / ready, max_rps)
+    latency = model.latency(per_replica, backlog_drain_s=left / (ready * max_rps))
+    utilisation = min(1.0, (arrivals + backlog) / capacity)
+    return FleetStep(served=served, backlog=left, per_replica_rps=per_replica, utilisation=utilisation, latency=latency)
