@@ -171,7 +171,7 @@ def test_flag_parsing_and_normalisation():
 
 def test_precision_and_features_flags():
     serving = ServingOptions(engine="vllm", model="m", prefix_caching=False, scheduling_policy="priority",
-                             cuda_graphs="off")
+                             cuda_graphs="disabled")
     out, _ = render(hgx_h100(1), Layout(tp=8), serving=serving, weight_dtype="fp8", kv_dtype="fp8")
     pod = pods_of(out)[0]
     args = pod["spec"]["containers"][0]["args"]
@@ -261,3 +261,20 @@ def test_child_names_are_dns_labels():
         assert len(n) <= 63 and n.endswith(suffix) and n[0].isalpha()
     assert child_name(long, "r1-0") != child_name(long, "r1-1")
     assert child_name("7b", "r0") == "m7b-r0"
+
+
+def test_spec_disabled_toggles_reach_the_engine_flags():
+    """The API spells serving toggles auto|enabled|disabled; `disabled` must turn features off."""
+    from pathlib import Path
+
+    import yaml
+
+    from meshplan.api.models import LLMDeployment
+    from meshplan.render.options import options_from_spec
+
+    manifest = yaml.safe_load((Path(__file__).parent.parent / "examples" / "llama-3.1-8b-1gpu.yaml").read_text())
+    manifest["spec"].setdefault("engine", {})["cudaGraphs"] = "disabled"
+    serving, _, _ = options_from_spec(LLMDeployment.from_manifest(manifest).spec)
+    assert serving.cuda_graphs == "disabled"
+    out, _ = render(hgx_h100(1), Layout(tp=1), serving=serving)
+    assert "--enforce-eager" in pods_of(out)[0]["spec"]["containers"][0]["args"]

@@ -133,8 +133,8 @@ class ServingOptions:
     checkpoint_dtype: str = "bf16"          # dtype of the checkpoint's weights
     prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
-    expert_load_balancing: str = "auto"     # auto | on | off
-    cuda_graphs: str = "auto"               # auto | on | off
+    expert_load_balancing: str = "auto"     # auto | enabled | disabled (api.models spelling)
+    cuda_graphs: str = "auto"               # auto | enabled | disabled (api.models spelling)
     memory_fraction: float | None = None
     max_model_len: int | None = None
     extra_args: tuple[str, ...] = ()
@@ -298,9 +298,9 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
             flags["--max-model-len"] = serving.max_model_len
         flags["--enable-prefix-caching" if serving.prefix_caching else "--no-enable-prefix-caching"] = True
         flags["--scheduling-policy"] = serving.scheduling_policy
-        if serving.cuda_graphs == "off":
+        if serving.cuda_graphs == "disabled":
             flags["--enforce-eager"] = True
-        if layout.ep > 1 and serving.expert_load_balancing != "off":
+        if layout.ep > 1 and serving.expert_load_balancing != "disabled":
             flags["--enable-eplb"] = True
             explain.append(Explanation("--enable-eplb", "true", "expert parallelism over several GPUs: balance hot "
                                        "experts (spec.engine.expertLoadBalancing)", "vLLM EPLB docs"))
@@ -357,9 +357,9 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
             flags["--enable-priority-scheduling"] = True
         else:
             flags["--schedule-policy"] = "fcfs"
-        if serving.cuda_graphs == "off":
+        if serving.cuda_graphs == "disabled":
             flags["--disable-cuda-graph"] = True
-        if layout.ep > 1 and serving.expert_load_balancing != "off":
+        if layout.ep > 1 and serving.expert_load_balancing != "disabled":
             flags["--enable-eplb"] = True
             explain.append(Explanation("--enable-eplb", "true", "expert parallelism over several GPUs: balance hot "
                                        "experts (spec.engine.expertLoadBalancing)", "SGLang server arguments"))
@@ -393,7 +393,7 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
     kv = dict(options.get("kv_cache_config") or {})
     kv["enable_block_reuse"] = serving.prefix_caching
     options["kv_cache_config"] = kv
-    if serving.cuda_graphs == "off":
+    if serving.cuda_graphs == "disabled":
         options["cuda_graph_config"] = None
     if serving.scheduling_policy == "priority":
         explain.append(Explanation("schedulingPolicy", "priority", "trtllm-serve has no request-priority "
