@@ -4,9 +4,13 @@
   search's bookkeeping) and the GPU budget.
 - The frontier is non-dominated among all evaluated candidates.
 - More GPUs never lower the best achievable tokens/s/GPU.
+- On a fleet, the choice is placeable by `meshplan.placement` (the planner's
+  closed-form replica count agrees with the placer).
 """
 
 from __future__ import annotations
+
+import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -32,7 +36,8 @@ workloads = st.builds(Workload, isl=st.sampled_from((128, 1024, 8192)), osl=st.s
                       concurrency=st.sampled_from((None, None, 8, 300)))
 slos = st.one_of(st.none(), st.builds(SLO, ttft_ms=st.sampled_from((None, 500.0, 5000.0)),
                                       itl_ms=st.sampled_from((None, 20.0, 100.0))))
-FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# MESHPLAN_PROP_EXAMPLES=200 for a deeper run (default 25 keeps the suite fast)
+FAST = settings(max_examples=int(os.environ.get("MESHPLAN_PROP_EXAMPLES", "25")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FAST
@@ -91,3 +96,48 @@ def test_more_free_gpus_in_a_fleet_never_lower_the_best_throughput(model, free, 
     small, big = fleet(free), fleet(more)
     assert (_best_throughput(model, h100, max(1, big.free_gpus), Workload(), big)
             >= _best_throughput(model, h100, max(1, small.free_gpus), Workload(), small) - 1e-9)
+
+
+def _cluster(draw_nodes):
+    """Node and Pod dicts for (product, clique or None, zone, gpus, used) tuples."""
+    nodes, pods = [], []
+    for i, (product, clique, zone, gpus, used) in enumerate(draw_nodes):
+        labels = {"nvidia.com/gpu.product": product, "topology.kubernetes.io/zone": zone,
+                  "kubernetes.io/hostname": f"n{i}"}
+        if clique:
+            labels["nvidia.com/gpu.clique"] = clique
+        nodes.append({"metadata": {"name": f"n{i}", "labels": labels},
+                      "status": {"allocatable": {"nvidia.com/gpu": str(gpus)},
+                                 "conditions": [{"type": "Ready", "status": "True"}]}})
+        if used:
+            pods.append({"spec": {"nodeName": f"n{i}", "containers": [
+                {"resources": {"limits": {"nvidia.com/gpu": str(min(used, gpus))}}}]},
+                "status": {"phase": "Running"}})
+    return nodes, pods
+
+
+hgx_node = st.tuples(st.just("NVIDIA-H100-80GB-HBM3"), st.none(), st.sampled_from(("za", "zb")),
+                     st.just(8), st.integers(0, 8))
+nvl_node = st.tuples(st.just("NVIDIA-GB200"), st.sampled_from(("c.1", "c.2")), st.just("za"),
+                     st.just(4), st.integers(0, 4))
+clusters = st.one_of(st.lists(hgx_node, min_size=1, max_size=8), st.lists(nvl_node, min_size=1, max_size=18))
+
+
+@FAST
+@given(clusters, st.sampled_from(("llama-3.1-70b", "mixtral-8x7b", "llama-3.1-8b")).map(get_model),
+       st.sampled_from(OBJECTIVES), slos)
+def test_the_choice_on_a_fleet_is_placeable(cluster, model, objective, slo):
+    from meshplan.placement import place, request_for_layout
+    from meshplan.planner.fleet import fleet_from_topology
+    from meshplan.render.pipeline import product_for_gpu
+    from meshplan.topology import build_topology
+
+    nodes, pods = _cluster(cluster)
+    topo = build_topology(nodes, pods)
+    fleet = fleet_from_topology(topo)
+    p = plan(model, list(fleet.gpus()) or "h100", fleet=fleet, objective=objective, slo=slo, space=SPACE)
+    if p.choice is None:
+        return
+    product, per_node = product_for_gpu(topo, p.choice.gpu)
+    result = place(request_for_layout(p.choice.layout, per_node, product=product), topo)
+    assert result.ok, (p.choice.layout, result.message())

@@ -160,3 +160,29 @@ def test_load_mode_dp_steps_are_at_most_half():
                                    weight_dtype="bf16", kv_dtype="bf16"),
                  predictor=fake_predictor(), memory_fn=always_fits)
     assert sorted({c.layout.dp for c in res.candidates}) == [1, 2, 3, 4, 6, 8, 12, 16]
+
+
+def test_fleet_from_objects_counts_pods_and_honours_the_node_selector():
+    from meshplan.planner.fleet import fleet_from_objects
+
+    def node(name, zone, clique=None):
+        labels = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "topology.kubernetes.io/zone": zone,
+                  "kubernetes.io/hostname": name}
+        if clique:
+            labels["nvidia.com/gpu.clique"] = clique
+        return {"metadata": {"name": name, "labels": labels},
+                "status": {"allocatable": {"nvidia.com/gpu": "8"},
+                           "conditions": [{"type": "Ready", "status": "True"}]}}
+
+    def pod(node_name, gpus, phase="Running"):
+        return {"spec": {"nodeName": node_name,
+                         "containers": [{"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
+                "status": {"phase": phase}}
+
+    nodes = [node("a0", "za"), node("a1", "za"), node("b0", "zb")]
+    pods = [pod("a0", 6), pod("a1", 8, phase="Succeeded"), pod("b0", 1)]
+    f = fleet_from_objects(nodes, pods)
+    assert {d.name: d.free_gpus for d in f.domains} == {"a0": 2, "a1": 8, "b0": 7}
+    assert f.replica_slots(4, 2) == 1            # zone za: 0 + 2 stages -> one PP2 replica; zone zb: 1 stage
+    only_b = fleet_from_objects(nodes, pods, node_selector={"topology.kubernetes.io/zone": "zb"})
+    assert [d.name for d in only_b.domains] == ["b0"]

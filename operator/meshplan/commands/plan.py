@@ -100,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result.choice is not None else 1
 
 
+_TABLE_ROWS = 25        # frontier rows printed (json/yaml carry every point)
+
+
 def _row(c: Any, mark: str) -> str:
     p = c.prediction
     dp = f"DP{c.layout.dp}" if c.layout.dp > 1 else ""
@@ -117,8 +120,14 @@ def format_table(result: Any, *, show_rejected: bool = False, fleet: Any = None)
                  f"{len(result.rejected):,} layouts rejected")
     for note in result.extra.get("notes", []):
         lines.append(f"note: {note}")
-    lines += ["", "Pareto frontier (throughput vs interactivity; * = choice):", head]
-    for c in result.frontier:
+    front = list(result.frontier)
+    if len(front) > _TABLE_ROWS:                    # thin evenly, always keeping the choice
+        step = (len(front) - 1) / (_TABLE_ROWS - 1)
+        keep = {round(i * step) for i in range(_TABLE_ROWS)}
+        front = [c for n, c in enumerate(front) if n in keep or c == result.choice]
+    lines += ["", f"Pareto frontier (throughput vs interactivity; * = choice; {len(front)} of "
+                  f"{len(result.frontier)} points):", head]
+    for c in front:
         lines.append(_row(c, "*" if c == result.choice else ""))
     lines += ["", "Choice:" if result.choice is not None else "No choice:", f"  {result.reason}"]
     if result.choice is not None and result.extra.get("engine_args"):

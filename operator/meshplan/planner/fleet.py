@@ -21,11 +21,18 @@ dev-cluster's format, a list of node groups:
         clique: <uuid>.<id>       # optional: nodes sharing it form one multi-node NVLink domain
         usedGpus: 2               # optional (planner only): GPUs already taken on EVERY node of the group
 
-How a replica fits (the placement rule, architecture.md): each pipeline stage
-(`tp * ep` GPUs, one TP/EP group) must sit inside one domain's free GPUs;
-the stages of one replica may sit in different domains but one zone. So a
-zone offers `sum(floor(free / stage_gpus))` stage slots and
-`floor(slots / pp)` replicas; the fleet offers the sum over zones.
+How many replicas fit: the same rules, in closed form, as `meshplan.placement`
+(which places them; a property test checks the two agree):
+- pods: a stage (`tp * ep` GPUs, one TP/EP group) is `pods_per_stage` pods of
+  `g` GPUs, `g` the largest divisor of the stage that fits one node
+  (`placement.gpus_per_pod_for`); a node offers `floor(free / g)` pods;
+- a stage sits inside one NVLink domain: a domain offers
+  `floor(pods / pods_per_stage)` stages;
+- a replica of one stage, or any replica when some domain is big enough (by its
+  total GPUs) to hold a whole replica, sits in one domain:
+  `sum over domains of floor(stages / pp)`;
+- otherwise its stages may spread over the domains of one zone:
+  `sum over zones of floor(stages in the zone / pp)`.
 """
 
 from __future__ import annotations
@@ -46,6 +53,14 @@ class FleetDomain:
     total_gpus: int
     zone: str = ""
     nvlink: bool = True
+    node_free_gpus: tuple[int, ...] = ()     # per node (empty: treated as one node of free_gpus)
+    node_total_gpus: tuple[int, ...] = ()
+
+    def pods(self, g: int, *, total: bool = False) -> int:
+        """Pods of `g` GPUs the domain's nodes offer (free, or all GPUs with `total`)."""
+        per_node = (self.node_total_gpus if total else self.node_free_gpus) or (
+            (self.total_gpus if total else self.free_gpus),)
+        return sum(n // g for n in per_node)
 
 
 @dataclass(frozen=True)
@@ -75,19 +90,32 @@ class Fleet:
     def largest_free_domain(self) -> FleetDomain | None:
         return max(self.domains, key=lambda d: (d.free_gpus, d.name), default=None)
 
+    def gpus_per_pod(self, stage_gpus: int) -> int:
+        from meshplan.placement import gpus_per_pod_for
+
+        per_node = max((d.gpus_per_node for d in self.domains), default=1)
+        return gpus_per_pod_for(stage_gpus, max(1, per_node))
+
     def replica_slots(self, stage_gpus: int, pp: int, *, cross_domain: bool = False) -> int:
         """How many replicas of `pp` stages of `stage_gpus` GPUs fit the free GPUs (see module doc).
 
-        `cross_domain=True` lets a stage span domains of one zone (over the NIC).
+        `cross_domain=True` lets a stage span the domains of one zone (over the NIC).
         """
-        slots: dict[str, int] = defaultdict(int)
-        free: dict[str, int] = defaultdict(int)
-        for d in self.domains:
-            slots[d.zone] += d.free_gpus // stage_gpus
-            free[d.zone] += d.free_gpus
         if cross_domain:
-            return sum((free[z] // stage_gpus) // pp for z in free)
-        return sum(s // pp for s in slots.values())
+            free: dict[str, int] = defaultdict(int)
+            for d in self.domains:
+                free[d.zone] += d.free_gpus
+            return sum((f // stage_gpus) // pp for f in free.values())
+        g = self.gpus_per_pod(stage_gpus)
+        per_stage = stage_gpus // g
+        stages = {d.name: d.pods(g) // per_stage for d in self.domains}
+        single = pp == 1 or any(d.pods(g, total=True) >= per_stage * pp for d in self.domains)
+        if single:
+            return sum(n // pp for n in stages.values())
+        by_zone: dict[str, int] = defaultdict(int)
+        for d in self.domains:
+            by_zone[d.zone] += stages[d.name]
+        return sum(n // pp for n in by_zone.values())
 
     def why_no_room(self, stage_gpus: int, pp: int) -> str:
         """Why not even one replica fits, with the numbers."""
@@ -97,9 +125,17 @@ class Fleet:
         if big.free_gpus < stage_gpus:
             return (f"a pipeline stage needs {stage_gpus} GPUs in one NVLink domain, but the largest free domain "
                     f"({big.name}) has {big.free_gpus} free GPUs")
+        g = self.gpus_per_pod(stage_gpus)
+        per_stage = stage_gpus // g
+        if not any(d.pods(g) >= per_stage for d in self.domains):
+            return (f"a pipeline stage needs {per_stage} pod(s) of {g} GPUs on the nodes of one NVLink domain; "
+                    f"free GPUs are too scattered over nodes (largest free domain {big.name}: {big.free_gpus})")
+        if pp == 1 or any(d.pods(g, total=True) >= per_stage * pp for d in self.domains):
+            return (f"a replica of {pp * stage_gpus} GPUs must sit in one NVLink domain (one is big enough), but "
+                    f"the largest free domain ({big.name}) has {big.free_gpus} free GPUs")
         by_zone: dict[str, int] = defaultdict(int)
         for d in self.domains:
-            by_zone[d.zone] += d.free_gpus // stage_gpus
+            by_zone[d.zone] += d.pods(g) // per_stage
         best_zone = max(by_zone, key=lambda z: by_zone[z])
         return (f"a replica needs {pp} stages of {stage_gpus} GPUs in one zone, but zone {best_zone or '(none)'} "
                 f"has room for {by_zone[best_zone]} such stages")
@@ -116,9 +152,12 @@ def _gpu_name(product: str) -> str | None:
 
 def fleet_from_topology(topology: Any, name: str = "") -> Fleet:
     """A `Fleet` from a `meshplan.topology.Topology` (its domains, free GPUs included)."""
+    nodes = topology.nodes
     return Fleet(tuple(
         FleetDomain(name=d.name, product=d.product, gpu=_gpu_name(d.product), gpus_per_node=d.gpus_per_node,
-                    free_gpus=d.free_gpus, total_gpus=d.total_gpus, zone=d.zone, nvlink=d.nvlink)
+                    free_gpus=d.free_gpus, total_gpus=d.total_gpus, zone=d.zone, nvlink=d.nvlink,
+                    node_free_gpus=tuple(nodes[n].free_gpus for n in d.nodes if n in nodes),
+                    node_total_gpus=tuple(nodes[n].info.gpus for n in d.nodes if n in nodes))
         for d in topology.domains
     ), name)
 
