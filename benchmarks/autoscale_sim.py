@@ -343,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
           f"planner estimate x{args.planner_error}")
     print(f"policy: defaults ({cfg.up_window_s:.0f}/{cfg.down_window_s:.0f} s windows, cooldown {cfg.cooldown_s:.0f} s, "
           f"sized to {cfg.target_load_fraction:.0%} of capacity at SLO), evaluated every 30 s")
+    print(f"util<N>: HPA on idealised utilisation (offered load / max throughput, 1 m mean) with target N %, "
+          f"10 % tolerance, 15 s sync, 300 s scale-down stabilisation")
     print(f"trace: {args.hours:g} h, peak {args.peak_rps:g} req/s, trough {args.trough:.0%}, "
           f"{args.bursts_per_day:g} bursts/day of +30..70 % for 3..20 min; startup {args.startup_s:.0f} s; "
           f"seeds {args.seeds}")

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshplan.autoscale import policy as P
