@@ -9,16 +9,17 @@ Algorithm
    - model: `tp` at most the attention heads; `ep` divides the experts (and is 1
      for a dense model); `pp` at most the layers (uneven stages are allowed:
      engines split the remainder);
-   - topology: one stage's `tp * ep` GPUs fit one NVLink domain (the GPU's
-     domain, or with a fleet the largest free domain) unless crossing the NIC
-     is explicitly allowed (`allow_cross_domain`; the performance model then
-     prices the NIC share of the collectives);
+   - topology: one stage's `tp * ep` GPUs fit one NVLink domain of the GPU
+     (PCIe-only cards: one node) unless crossing the NIC is explicitly allowed
+     (`allow_cross_domain`; the performance model then prices the NIC share of
+     the collectives); with a fleet, the fleet rule below checks the stages
+     against each domain's free GPUs instead;
    - engine: `engines.check_layout` (e.g. vLLM needs heads divisible by TP
      and experts enough for EP = TP x DP; SGLang DeepEP needs tp = 1);
    - memory: the weights plus the smallest chunk's activations and one
      sequence of KV cache fit (`memory.memory_fit`);
-   - fleet: at least one replica's stages fit the free GPUs of one zone
-     (`Fleet.replica_slots`).
+   - fleet: at least one replica fits the free GPUs (`Fleet.replica_slots`,
+     the same rules as `meshplan.placement`), which also bounds DP.
    Pinned sizes (`SearchSpace.tensor/expert/pipeline`) restrict the values.
 2. Replicas (DP). With no load given (neither concurrency nor request rate)
    each replica is evaluated saturated at `max_num_seqs` sequences — the
@@ -46,14 +47,15 @@ Algorithm
    with simple fakes and the real models alike.
 
 The number of shapes is small (tens to a few hundred even at 1,024 GPUs);
-the knob grid is 7 chunks x ~10-14 batch limits; one prediction costs ~20 µs, so a full 64-GPU search
-is ~5k predictions.
+the knob grid is 7 chunks x ~10-16 batch limits; one prediction costs
+~20-50 µs, so a full 64-GPU search is ~4-7k predictions
+(`benchmarks/plan_speed.py`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -64,7 +66,7 @@ CHUNK_SIZES: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192)
 # Batch limits: powers of two up to what the KV cache holds (a 64-GPU pipeline replica holds many
 # more sequences than an 8-GPU one, so a fixed ceiling would handicap large replicas).
 MAX_NUM_SEQS_CEILING = 65536        # the API's bound of spec.parallelism.maxNumSeqs
-MAX_NUM_SEQS: tuple[int, ...] = tuple(2**i for i in range(17))
+MAX_NUM_SEQS: tuple[int, ...] = tuple(2**i for i in range(MAX_NUM_SEQS_CEILING.bit_length()))
 
 Predictor = Callable[..., Prediction]
 MemoryFn = Callable[..., MemoryFit]
