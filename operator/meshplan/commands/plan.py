@@ -116,8 +116,9 @@ def format_table(result: Any, *, show_rejected: bool = False, fleet: Any = None)
             f"{'tok/s/GPU':>10} {'tok/s/usr':>9} {'TTFT ms':>10} {'ITL ms':>8}")
     lines = [f"model {result.model} on {result.gpu} — objective {result.objective}"
              + (f" — fleet {fleet.name} ({fleet.free_gpus} free GPUs)" if fleet is not None else "")]
-    lines.append(f"{result.evaluated:,} configurations evaluated, {result.extra.get('eligible', 0):,} meet the SLO, "
-                 f"{len(result.rejected):,} layouts rejected")
+    meets = (f"{result.extra.get('eligible', 0):,} meet the SLO" if result.extra.get("slo")
+             else "no SLO given")
+    lines.append(f"{result.evaluated:,} configurations evaluated, {meets}, {len(result.rejected):,} layouts rejected")
     for note in result.extra.get("notes", []):
         lines.append(f"note: {note}")
     front = list(result.frontier)

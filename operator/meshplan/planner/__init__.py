@@ -140,6 +140,7 @@ def plan(
         extra["engine_config"] = e.config
         extra["engine_notes"] = list(e.notes)
     extra["eligible"] = chosen.eligible
+    extra["slo"] = slo is not None
     if keep_curves:                                   # per-layout curves, for the plot
         extra["shape_frontiers"] = shape_frontiers(candidates)
     return Plan(
