@@ -1,0 +1,254 @@
+"""The reconcile decisions (meshplan.controller.decide) against a small simulated cluster.
+
+`Sim` plays the API server, scheduler and kubelet in the simplest honest way:
+applied objects are stored, a pod without scheduling gates is bound to its
+assigned node and becomes Ready one round later, deleted pods go away one
+round later. Each test drives `decide` round by round and checks the rules of
+the module docstring: all-or-nothing groups, one NVLink domain per replica,
+zero writes when converged, rolling updates that keep ready replicas, whole
+group restarts, nothing touched without a plan.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+from datetime import datetime, timezone
+
+import pytest
+import yaml
+
+from meshplan.api.models import LLMDeployment
+from meshplan.controller.apply import needs_apply
+from meshplan.controller.decide import Inputs, decide, live_groups, target_for
+from meshplan.devcluster.fleets import fleet_nodes, load_fleet
+from meshplan.planner import plan_for_spec
+from meshplan.render.workloads import GANG_GATE, LABEL_PLAN_HASH
+from meshplan.topology import build_topology
+
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+_uids = itertools.count(1)
+
+
+def llmd(fleet_product: str, tensor: int, replicas: int, **spec_extra) -> LLMDeployment:
+    m = yaml.safe_load(open("examples/llama-3.1-70b-hgx-h100.yaml"))
+    m["metadata"] = {"name": "llama", "namespace": "ns", "uid": "u-1", "generation": 1}
+    m["spec"]["autoscaling"] = {"enabled": False}
+    m["spec"]["gpus"] = {"products": [fleet_product], "maxGpus": 64}
+    m["spec"]["parallelism"]["tensor"] = tensor
+    m["spec"]["replicas"] = replicas
+    m["spec"].pop("slo")
+    for k, v in spec_extra.items():
+        m["spec"][k] = v
+    return LLMDeployment.from_manifest(m)
+
+
+class Sim:
+    def __init__(self, fleet: str):
+        self.nodes = fleet_nodes(load_fleet(fleet))
+        self.objects: dict[tuple[str, str], dict] = {}
+        self.to_delete: set[tuple[str, str]] = set()
+        self.previous_status: dict = {}
+        self.writes = 0
+
+    def topology(self):
+        return build_topology(self.nodes, ready_if_unknown=True)
+
+    def pods(self):
+        return [o for (k, _), o in self.objects.items() if k == "Pod"]
+
+    def services(self):
+        return [o for (k, _), o in self.objects.items() if k == "Service"]
+
+    def kubelet(self) -> None:
+        """One round of the scheduler/kubelet/garbage collector."""
+        for key in list(self.to_delete):
+            self.objects.pop(key, None)
+        self.to_delete.clear()
+        for (kind, _), o in self.objects.items():
+            if kind == "Pod" and not o["spec"].get("schedulingGates"):
+                o["spec"]["nodeName"] = o["metadata"]["annotations"]["meshplan.dev/assigned-node"]
+                o["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+
+    def step(self, model: LLMDeployment, replicas: int | None = None):
+        self.kubelet()
+        topo = self.topology()
+        plan = plan_for_spec(model.spec, topo.to_fleet())
+        inp = Inputs(name=model.name, namespace=model.namespace, uid="u-1", generation=1,
+                     desired_replicas=model.spec.replicas if replicas is None else replicas, topology=topo,
+                     pods=copy.deepcopy(self.pods()), services=copy.deepcopy(self.services()),
+                     target=target_for(model.spec, plan, topo), previous_status=self.previous_status, now=NOW)
+        out = decide(inp)
+        for desired, live in out.apply:
+            if needs_apply(desired, live):
+                self.writes += 1
+                key = (desired["kind"], desired["metadata"]["name"])
+                obj = copy.deepcopy(desired)
+                old = self.objects.get(key)
+                obj["metadata"]["uid"] = old["metadata"]["uid"] if old else f"uid-{next(_uids)}"
+                if old and desired["kind"] == "Pod":
+                    assert obj["spec"]["containers"] == old["spec"]["containers"], "pod containers are immutable"
+                    assert obj["spec"]["affinity"] == old["spec"]["affinity"], "pod affinity is immutable"
+                    assert not (obj["spec"].get("schedulingGates") and not old["spec"].get("schedulingGates")), \
+                        "a scheduling gate can only be removed"
+                    obj["status"] = old.get("status", {})
+                    obj["spec"]["nodeName"] = old["spec"].get("nodeName")
+                self.objects[key] = obj
+        for _, kind, name, _uid in out.delete:
+            self.writes += 1
+            o = self.objects.get((kind, name))
+            if o is not None:
+                o["metadata"]["deletionTimestamp"] = "now"
+                self.to_delete.add((kind, name))
+        self.previous_status = out.status
+        return out
+
+    def ready_groups(self) -> int:
+        return sum(1 for g in live_groups(self.pods()).values() if g.ready())
+
+    def condition(self, type_: str) -> dict:
+        return next(c for c in self.previous_status["conditions"] if c["type"] == type_)
+
+
+def converge(sim: Sim, model: LLMDeployment, rounds: int = 8, **kw):
+    for _ in range(rounds):
+        out = sim.step(model, **kw)
+    return out
+
+
+def test_new_deployment_becomes_available_with_whole_groups_in_one_domain():
+    sim, model = Sim("gb200-nvl72"), llmd("NVIDIA-GB200", tensor=8, replicas=3)
+    first = sim.step(model)
+    created = [d for d, _ in first.apply if d["kind"] == "Pod"]
+    assert len(created) == 3 * 2        # TP8 on 4-GPU trays: two pods per replica
+    assert all(p["spec"]["schedulingGates"] == [{"name": GANG_GATE}] for p in created)
+    converge(sim, model)
+    assert sim.ready_groups() == 3
+    assert sim.condition("Available")["status"] == "True"
+    assert sim.previous_status["readyReplicas"] == 3
+    for r in sim.previous_status["placement"]:
+        assert "," not in r["nvlinkDomain"]          # one NVLink domain per replica
+    for g in live_groups(sim.pods()).values():
+        assert len({p.obj["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                    ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0] for p in g.pods.values()}) == 1
+
+
+def test_converged_world_needs_zero_writes():
+    sim, model = Sim("hgx-h100"), llmd("NVIDIA-H100-80GB-HBM3", tensor=8, replicas=2)
+    converge(sim, model)
+    before = sim.writes
+    out = sim.step(model)
+    assert sim.writes == before
+    assert not out.delete
+    assert sim.condition("Progressing")["status"] == "False"
+
+
+def test_last_transition_time_only_moves_on_status_change():
+    sim, model = Sim("hgx-h100"), llmd("NVIDIA-H100-80GB-HBM3", tensor=8, replicas=1)
+    sim.step(model)
+    t0 = sim.condition("Planned")["lastTransitionTime"]
+    sim.step(dataclasses.replace(model) if False else model)
+    assert sim.condition("Planned")["lastTransitionTime"] == t0
+
+
+def test_rolling_update_with_surge_never_drops_ready_replicas():
+    sim, model = Sim("hgx-h100"), llmd("NVIDIA-H100-80GB-HBM3", tensor=8, replicas=2)
+    converge(sim, model)
+    old_hash = {p["metadata"]["labels"][LABEL_PLAN_HASH] for p in sim.pods()}
+    changed = llmd("NVIDIA-H100-80GB-HBM3", tensor=8, replicas=2,
+                   engine={"kind": "vllm", "env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]})
+    ready_seen = []
+    for _ in range(14):
+        sim.step(changed)
+        ready_seen.append(sim.ready_groups())
+        # never more than one surge group: 2 desired + 1
+        assert len(live_groups(sim.pods())) <= 3
+    hashes = {p["metadata"]["labels"][LABEL_PLAN_HASH] for p in sim.pods()}
+    assert hashes and hashes.isdisjoint(old_hash)
+    assert min(ready_seen) >= 2, ready_seen
+    assert sim.ready_groups() == 2
+
+
+def test_rolling_update_without_room_replaces_one_group_at_a_time():
+    # 4 x TP8 fill the 4 HGX nodes: no room for a surge group.
+    sim, model = Sim("hgx-h100"), llmd("NVIDIA-H100-80GB-HBM3", tensor=8, replicas=4)
+    converge(sim, model)
+    assert sim.ready_groups() == 4
+    changed = llmd("NVIDIA-H100-80GB-HBM3", tensor=8, replicas=4,
+                   engine={"kind": "vllm", "env": [{"name": "X_DEBUG", "value": "1"}]})
+    seen = []
+    for _ in range(30):
+        sim.step(changed)
+        seen.append(sim.ready_groups())
+    assert min(seen) >= 3, seen           # at most one replica down at a time
+    assert sim.ready_groups() == 4
+    assert len({p["metadata"]["labels"][LABEL_PLAN_HASH] for p in sim.pods()}) == 1
+
+
+def test_lost_worker_restarts_the_whole_group():
+    sim, model = Sim("gb200-nvl72"), llmd("NVIDIA-GB200", tensor=8, replicas=1)
+    converge(sim, model)
+    leader_uid = sim.objects[("Pod", "llama-r0-0")]["metadata"]["uid"]
+    del sim.objects[("Pod", "llama-r0-1")]           # a worker pod is deleted
+    out = sim.step(model)
+    assert ("v1", "Pod", "llama-r0-0", leader_uid) in out.delete
+    converge(sim, model)
+    assert sim.ready_groups() == 1
+    assert sim.objects[("Pod", "llama-r0-0")]["metadata"]["uid"] != leader_uid
+
+
+def test_deleted_service_comes_back_and_edited_child_is_reapplied():
+    sim, model = Sim("hgx-h100"), llmd("NVIDIA-H100-80GB-HBM3", tensor=8, replicas=1)
+    converge(sim, model)
+    del sim.objects[("Service", "llama")]
+    sim.objects[("Pod", "llama-r0-0")]["metadata"]["labels"]["meshplan.dev/role"] = "edited"
+    sim.step(model)
+    assert ("Service", "llama") in sim.objects
+    assert sim.objects[("Pod", "llama-r0-0")]["metadata"]["labels"]["meshplan.dev/role"] == "leader"
+
+
+def test_no_plan_touches_nothing_and_says_why():
+    sim, model = Sim("hgx-h100"), llmd("NVIDIA-H100-80GB-HBM3", tensor=8, replicas=2)
+    converge(sim, model)
+    topo = sim.topology()
+    inp = Inputs(name="llama", namespace="ns", uid="u-1", generation=2, desired_replicas=9, topology=topo,
+                 pods=sim.pods(), services=sim.services(), target=None, planned_reason="InsufficientCapacity",
+                 planned_message="needs 72 GPUs, 32 free", previous_status=sim.previous_status, now=NOW)
+    out = decide(inp)
+    assert not out.apply and not out.delete
+    planned = next(c for c in out.status["conditions"] if c["type"] == "Planned")
+    assert (planned["status"], planned["reason"]) == ("False", "InsufficientCapacity")
+    assert "72" in planned["message"]
+    assert out.status["readyReplicas"] == 2
+
+
+def test_node_lost_moves_its_group_whole():
+    sim, model = Sim("hgx-h100"), llmd("NVIDIA-H100-80GB-HBM3", tensor=8, replicas=1)
+    converge(sim, model)
+    node = sim.pods()[0]["spec"]["nodeName"]
+    for n in sim.nodes:
+        if n["metadata"]["name"] == node:
+            n.setdefault("spec", {})["unschedulable"] = True
+    converge(sim, model)
+    assert sim.ready_groups() == 1
+    assert sim.pods()[0]["spec"]["nodeName"] != node
+
+
+def test_scale_down_removes_highest_groups_and_keeps_the_others_in_place():
+    sim, model = Sim("hgx-h100"), llmd("NVIDIA-H100-80GB-HBM3", tensor=8, replicas=3)
+    converge(sim, model)
+    nodes_before = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in sim.pods()}
+    converge(sim, model, replicas=1)
+    pods = sim.pods()
+    assert [p["metadata"]["name"] for p in pods] == ["llama-r0-0"]
+    assert pods[0]["spec"]["nodeName"] == nodes_before["llama-r0-0"]
+    assert not [s for s in sim.services() if s["metadata"]["name"] in ("llama-r1", "llama-r2")]
+
+
+@pytest.mark.parametrize("replicas", [0])
+def test_zero_replicas_is_not_available(replicas):
+    sim, model = Sim("hgx-h100"), llmd("NVIDIA-H100-80GB-HBM3", tensor=8, replicas=1)
+    converge(sim, model, replicas=replicas)
+    assert not sim.pods()
+    assert sim.condition("Available")["status"] == "False"
