@@ -162,3 +162,10 @@ def test_cli_reports_bad_manifests_by_field(tmp_path, capsys):
     g.write_text("kind: ConfigMap\n")
     assert main(["plan", str(g)]) == 2
     assert "no LLMDeployment" in capsys.readouterr().err
+
+
+def test_cli_unreadable_kubeconfig_is_a_clear_error(tmp_path, capsys):
+    f = tmp_path / "llmd.yaml"
+    f.write_text(yaml.safe_dump(manifest()))
+    assert main(["plan", str(f), "--kubeconfig", str(tmp_path / "missing-kubeconfig")]) == 2
+    assert "cannot read Nodes and Pods through --kubeconfig" in capsys.readouterr().err

@@ -53,10 +53,13 @@ def fleet_from_kubeconfig(path: str, node_selector: dict[str, str] | None = None
 
     api = config.new_client_from_config(config_file=path)
     v1 = client.CoreV1Api(api)
-    nodes = [api.sanitize_for_serialization(n) for n in v1.list_node().items]
-    pods = [api.sanitize_for_serialization(p) for p in
-            v1.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items]
+    nodes = [api.sanitize_for_serialization(n) for n in v1.list_node(_request_timeout=KUBE_TIMEOUT_S).items]
+    pods = [api.sanitize_for_serialization(p) for p in v1.list_pod_for_all_namespaces(
+        field_selector="status.phase!=Succeeded,status.phase!=Failed", _request_timeout=KUBE_TIMEOUT_S).items]
     return fleet_from_objects(nodes, pods, node_selector=node_selector, name=path)
+
+
+KUBE_TIMEOUT_S = 15     # per API request; a planner CLI should fail fast on an unreachable cluster
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,7 +84,12 @@ def run(args: argparse.Namespace) -> int:
         if args.fleet:
             fleet = load_fleet(args.fleet, node_selector=selector)
         elif args.kubeconfig:
-            fleet = fleet_from_kubeconfig(args.kubeconfig, selector)
+            try:
+                fleet = fleet_from_kubeconfig(args.kubeconfig, selector)
+            except Exception as exc:  # kubeconfig parse errors, connection errors, API errors: all user-facing
+                print(f"meshplan plan: cannot read Nodes and Pods through --kubeconfig {args.kubeconfig}: "
+                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)
+                return 2
         result = plan_for_spec(llmd.spec, fleet, keep_curves=bool(args.plot))
     except (ValueError, KeyError) as exc:
         print(f"meshplan plan: {exc.args[0] if exc.args else exc}", file=sys.stderr)
