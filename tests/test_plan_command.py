@@ -169,3 +169,14 @@ def test_cli_unreadable_kubeconfig_is_a_clear_error(tmp_path, capsys):
     f.write_text(yaml.safe_dump(manifest()))
     assert main(["plan", str(f), "--kubeconfig", str(tmp_path / "missing-kubeconfig")]) == 2
     assert "cannot read Nodes and Pods through --kubeconfig" in capsys.readouterr().err
+
+
+def test_cross_domain_groups_only_when_allowed():
+    spec = spec_of(model={"name": "deepseek-r1"}, gpus={"products": ["h200"], "maxGpus": 16},
+                   parallelism={"pipeline": 1, "chunkSize": 2048, "maxNumSeqs": 64})
+    inside = plan_for_spec(spec)
+    assert all(c.layout.gpus_per_stage <= 8 for c in inside.frontier)
+    assert any("exceeds the 8-GPU NVLink domain" in r.reason for r in inside.rejected)
+    across = plan_for_spec(spec, allow_cross_domain=True)
+    assert not any("NVLink domain" in r.reason for r in across.rejected)
+    assert across.extra["per_gpu"]["h200_sxm"]["shapes"] > inside.extra["per_gpu"]["h200_sxm"]["shapes"]

@@ -31,6 +31,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--output", "-o", choices=("table", "json", "yaml"), default="table")
     p.add_argument("--plot", metavar="FILE.png", help="write the throughput-vs-interactivity picture")
     p.add_argument("--show-rejected", action="store_true", help="list every rejected layout with its reason")
+    p.add_argument("--allow-cross-domain", action="store_true",
+                   help="let a TP/EP group span NVLink domains over the NIC (priced, usually slower; "
+                        "placement still keeps stages inside a domain)")
     p.set_defaults(func=run)
 
 
@@ -90,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"meshplan plan: cannot read Nodes and Pods through --kubeconfig {args.kubeconfig}: "
                       f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)
                 return 2
-        result = plan_for_spec(llmd.spec, fleet, keep_curves=bool(args.plot))
+        result = plan_for_spec(llmd.spec, fleet, keep_curves=bool(args.plot),
+                               allow_cross_domain=args.allow_cross_domain)
     except (ValueError, KeyError) as exc:
         print(f"meshplan plan: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2

@@ -268,12 +268,18 @@ def plan_inputs_from_spec(spec: Any) -> dict[str, Any]:
     )
 
 
-def plan_for_spec(spec: Any, fleet: Any = None, **overrides: Any) -> Plan:
+def plan_for_spec(spec: Any, fleet: Any = None, *, allow_cross_domain: bool = False, **overrides: Any) -> Plan:
     """Plan an `LLMDeploymentSpec`, restricted to `fleet` (a `planner.fleet.Fleet`) when given.
 
     GPU products: `spec.gpus.products`, else the fleet's, else `DEFAULT_GPU`.
+    `allow_cross_domain` lets TP/EP groups span NVLink domains over the NIC
+    (priced by the performance model; placement keeps its own rule).
     """
+    from dataclasses import replace
+
     kw = plan_inputs_from_spec(spec)
+    if allow_cross_domain:
+        kw["space"] = replace(kw["space"], allow_cross_domain=True)
     if kw["gpus"] is None:
         kw["gpus"] = list(fleet.gpus()) if fleet is not None and fleet.gpus() else [DEFAULT_GPU]
     else:
