@@ -9,7 +9,9 @@ and the balanced choice, with an SLO (TTFT <= 5 s, >= 20 tokens/s/user: the
 batch sweep stops where the ITL bound is missed) and without one. Imports and the first call (which warms the
 per-(model, GPU) caches) are reported separately; the figure compared with the
 target is the median of the following runs, each on fresh caches so nothing is
-reused between runs.
+reused between runs. Two informative runs follow on fleets of free NVLink
+domains (14 GB200 NVL72 racks; 128 HGX H100 nodes), which add the per-layout
+replica count of `planner.fleet`.
 """
 
 from __future__ import annotations
@@ -59,6 +61,28 @@ def main() -> int:
         print(f"{gpus:>5} GPUs, {'SLO' if slo else 'no SLO'}: median {med:.3f} s over {len(times)} runs (target <= {target} s) "
               f"{'OK' if med <= target else 'MISSED'}; {p.evaluated:,} configurations, "
               f"{len(p.rejected)} rejected layouts, choice {p.choice.layout.label() if p.choice else None}"
+              f"{f' x DP{p.choice.layout.dp}' if p.choice and p.choice.layout.dp > 1 else ''}")
+    # The same plans restricted to a fleet of free NVLink domains (informative: the fleet rule adds a
+    # replica count per layout): 1,008 GB200 in 14 NVL72 racks, and 128 HGX H100 nodes.
+    from meshplan.planner.fleet import Fleet, FleetDomain
+
+    racks = Fleet(tuple(FleetDomain(f"rack{i}", "NVIDIA-GB200", "gb200", 4, 72, 72, f"z{i % 2}",
+                                    node_free_gpus=(4,) * 18, node_total_gpus=(4,) * 18) for i in range(14)))
+    hgx = Fleet(tuple(FleetDomain(f"hgx{i}", "NVIDIA-H100-80GB-HBM3", "h100_sxm", 8, 8, 8, f"z{i % 2}",
+                                  node_free_gpus=(8,), node_total_gpus=(8,)) for i in range(128)))
+    for label, fleet, g, sp in (("14 x GB200 NVL72 (1,008 GPUs)", racks, get_gpu("gb200"), space),
+                                ("128 x HGX H100 (1,024 GPUs)", hgx, get_gpu("h100"),
+                                 SearchSpace(weight_dtype="fp8", kv_dtype="fp8"))):
+        times = []
+        for _ in range(args.repeat):
+            for cache in (memory._memory_fit, perf._stage):
+                cache.cache_clear()
+            t = time.perf_counter()
+            p = plan(model, g, fleet=fleet, workload=Workload(isl=1024, osl=256), slo=slo,
+                     objective="balanced", engine="trtllm", space=sp)
+            times.append(time.perf_counter() - t)
+        print(f"fleet {label}, SLO: median {statistics.median(times):.3f} s; {p.evaluated:,} configurations, "
+              f"choice {p.choice.layout.label() if p.choice else None}"
               f"{f' x DP{p.choice.layout.dp}' if p.choice and p.choice.layout.dp > 1 else ''}")
     return 0 if ok else 1
 
