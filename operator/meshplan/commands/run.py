@@ -1,0 +1,74 @@
+"""`meshplan run`: start the operator (kopf) in this process.
+
+    meshplan run --all-namespaces
+    meshplan run --namespace team-a --namespace 'llm-*' --kubeconfig ~/.kube/config
+    meshplan run --all-namespaces --peering meshplan --priority 100 --liveness http://0.0.0.0:8080/healthz
+
+Scope: `--namespace` (repeatable, globs allowed) watches LLMDeployments and
+their pods there; `--all-namespaces` watches the whole cluster. GPU usage is
+learnt from the pods the operator watches, so a namespaced operator sees only
+its namespaces' GPU pods (plus Nodes, which are cluster-wide): run it
+cluster-wide where other workloads share the GPUs.
+
+`--peering NAME` makes replicas of the operator coordinate through kopf's
+peering objects (only the highest priority acts); without it the operator runs
+standalone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("run", help="run the operator", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    scope = p.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--namespace", "-n", action="append", metavar="NS",
+                       help="namespace (or glob) to serve; repeatable")
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="serve every namespace")
+    peer = p.add_mutually_exclusive_group()
+    peer.add_argument("--peering", metavar="NAME", help="kopf peering name (several operator replicas, one acts)")
+    peer.add_argument("--standalone", action="store_true", help="no peering (the default)")
+    p.add_argument("--priority", type=int, default=0, help="peering priority (highest acts)")
+    p.add_argument("--liveness", metavar="URL", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    p.add_argument("--resync-seconds", type=float, default=60.0, help="re-check every LLMDeployment this often")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--verbose", "-v", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = os.path.abspath(args.kubeconfig)
+    import kopf
+
+    from meshplan.controller import handlers
+
+    handlers.OPTIONS.kubeconfig = os.environ.get("KUBECONFIG") if args.kubeconfig else None
+    handlers.OPTIONS.peering = args.peering
+    handlers.OPTIONS.priority = args.priority
+    handlers.OPTIONS.resync_s = args.resync_seconds
+    if args.metrics_port:
+        from meshplan import metrics
+
+        metrics.start_metrics_server(args.metrics_port)
+    kopf.configure(verbose=args.verbose)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if not args.verbose:
+        # kopf logs every handler call at INFO; child events would flood the log.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    kopf.run(
+        clusterwide=bool(args.all_namespaces),
+        namespaces=args.namespace or (),
+        standalone=not args.peering,
+        peering_name=args.peering,
+        priority=args.priority,
+        liveness_endpoint=args.liveness,
+    )
+    return 0

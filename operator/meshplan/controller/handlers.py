@@ -1,0 +1,208 @@
+"""kopf handlers: thin. Every path ends in `Reconciler.reconcile(namespace, name)`.
+
+- create / update / resume of an LLMDeployment: reconcile now (kopf retries a
+  `TemporaryError`, e.g. a 409 conflict, after its delay).
+- events of pods and Services carrying `meshplan.dev/deployment` (deleted,
+  edited, became ready): queue their deployment's reconcile. This is how drift
+  is undone and how gates are released and `Available` is noticed, without
+  writing anything to the parent to "touch" it.
+- a queue with per-key de-duplication and delayed re-queues: each reconcile
+  says when it wants to look again (`Result.requeue_after_s`: soon while
+  waiting for capacity or a rollout, every minute when steady), and a resync
+  loop queues every LLMDeployment every `Options.resync_s` as a safety net.
+  Neither is a kopf timer or daemon, because those make kopf put a finalizer on
+  every object (deletion would then hang whenever the operator is down).
+- a Node changing schedulability (index callback) queues everything.
+
+Autoscaling hook: `AUTOSCALE_HOOK`, when set (by the autoscaling wiring),
+is awaited by the resync loop for every LLMDeployment with
+`spec.autoscaling.enabled` before it is queued; it records its decision in
+`status.autoscaling.toReplicas`, which `reconcile.desired_replicas` reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import kopf
+
+from meshplan.controller import indexes
+from meshplan.controller import settings as operator_settings
+from meshplan.controller.kube import Kube, load_credentials
+from meshplan.controller.reconcile import Reconciler, World
+from meshplan.render.workloads import LABEL_DEPLOYMENT
+
+log = logging.getLogger("meshplan.controller")
+
+GROUP, VERSION, PLURAL = "meshplan.dev", "v1alpha1", "llmdeployments"
+RETRY_AFTER_ERROR_S = 5.0
+
+AUTOSCALE_HOOK: Callable[[str, str], Awaitable[None]] | None = None
+
+
+@dataclass
+class Options:
+    """Set by `meshplan run` before kopf starts."""
+
+    kubeconfig: str | None = None
+    peering: str | None = None
+    priority: int = 0
+    resync_s: float = 60.0
+    workers: int = 4
+
+
+OPTIONS = Options()
+
+
+@dataclass
+class State:
+    reconciler: Reconciler | None = None
+    queue: asyncio.Queue | None = None
+    pending: set = field(default_factory=set)
+    timers: dict = field(default_factory=dict)
+    tasks: list = field(default_factory=list)
+    llmds_index: Any = None
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def enqueue(self, key: tuple[str, str], delay_s: float | None = 0.0) -> None:
+        """Queue a reconcile of `key` now or after `delay_s`; safe from any thread."""
+        loop = self.loop
+        if self.queue is None or delay_s is None or loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not loop:
+            loop.call_soon_threadsafe(self.enqueue, key, delay_s)
+            return
+        if delay_s > 0:
+            old = self.timers.pop(key, None)
+            if old is not None:
+                old.cancel()
+            self.timers[key] = loop.call_later(delay_s, self._enqueue_now, key)
+        else:
+            self._enqueue_now(key)
+
+    def _enqueue_now(self, key: tuple[str, str]) -> None:
+        self.timers.pop(key, None)
+        if key not in self.pending and self.queue is not None:
+            self.pending.add(key)
+            self.queue.put_nowait(key)
+
+    def enqueue_all(self) -> None:
+        for key in indexes.values(self.llmds_index, indexes.ALL_KEY):
+            self.enqueue(tuple(key))
+
+
+STATE = State()
+
+
+# ----------------------------------------------------------------------------- indexes
+
+
+@kopf.index("nodes")
+def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, Any] | None:
+    return indexes.index_node(name, body)
+
+
+@kopf.index("pods")
+def gpu_pods(namespace: str, body: kopf.Body, **_: Any) -> dict[str, Any] | None:
+    return indexes.index_pod(namespace, body)
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def llmds(namespace: str, name: str, **_: Any) -> dict[str, Any]:
+    return indexes.index_llmd(namespace, name)
+
+
+# ----------------------------------------------------------------------------- lifecycle
+
+
+async def _worker() -> None:
+    assert STATE.queue is not None and STATE.reconciler is not None
+    while True:
+        key = await STATE.queue.get()
+        STATE.pending.discard(key)
+        try:
+            res = await STATE.reconciler.reconcile(*key)
+            STATE.enqueue(key, res.requeue_after_s)
+        except kopf.TemporaryError as exc:
+            STATE.enqueue(key, exc.delay or 1.0)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - log, retry later, keep serving the other objects
+            log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, RETRY_AFTER_ERROR_S)
+            STATE.enqueue(key, RETRY_AFTER_ERROR_S)
+
+
+async def _resync() -> None:
+    while True:
+        await asyncio.sleep(OPTIONS.resync_s)
+        for key in indexes.values(STATE.llmds_index, indexes.ALL_KEY):
+            if AUTOSCALE_HOOK is not None:
+                try:
+                    await AUTOSCALE_HOOK(*key)
+                except Exception:  # noqa: BLE001
+                    log.exception("autoscaling of %s/%s failed", *key)
+            STATE.enqueue(tuple(key))
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, gpu_nodes: kopf.Index, gpu_pods: kopf.Index,
+                  llmds: kopf.Index, **_: Any) -> None:
+    operator_settings.configure(settings, peering=OPTIONS.peering, priority=OPTIONS.priority)
+    kube = Kube(load_credentials(OPTIONS.kubeconfig))
+    world = World(nodes=lambda: indexes.values(gpu_nodes, indexes.NODES_KEY),
+                  usage=lambda: indexes.values(gpu_pods, indexes.USAGE_KEY))
+    STATE.reconciler = Reconciler(kube, world)
+    STATE.queue = asyncio.Queue()
+    STATE.loop = asyncio.get_running_loop()
+    STATE.llmds_index = llmds
+    indexes.on_capacity_change = STATE.enqueue_all
+    STATE.tasks = [asyncio.create_task(_worker()) for _ in range(OPTIONS.workers)]
+    STATE.tasks.append(asyncio.create_task(_resync()))
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    for t in STATE.tasks:
+        t.cancel()
+    await asyncio.gather(*STATE.tasks, return_exceptions=True)
+    for h in STATE.timers.values():
+        h.cancel()
+    if STATE.reconciler is not None:
+        await STATE.reconciler.kube.close()
+
+
+# ----------------------------------------------------------------------------- LLMDeployments
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+async def reconcile_llmdeployment(namespace: str, name: str, **_: Any) -> None:
+    assert STATE.reconciler is not None
+    res = await STATE.reconciler.reconcile(namespace, name)
+    STATE.enqueue((namespace, name), res.requeue_after_s)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def forget_deleted(type: str, namespace: str, name: str, uid: str, **_: Any) -> None:
+    if type == "DELETED" and STATE.reconciler is not None:
+        STATE.reconciler.forget(namespace, name, uid)
+
+
+# ----------------------------------------------------------------------------- children
+
+
+@kopf.on.event("pods", labels={LABEL_DEPLOYMENT: kopf.PRESENT})
+@kopf.on.event("services", labels={LABEL_DEPLOYMENT: kopf.PRESENT})
+async def child_changed(namespace: str, labels: kopf.Labels, **_: Any) -> None:
+    STATE.enqueue((namespace, labels[LABEL_DEPLOYMENT]))
+
+
+__all__ = ["AUTOSCALE_HOOK", "OPTIONS", "Options", "STATE"]

@@ -1,0 +1,279 @@
+"""One reconcile of one LLMDeployment: read the world once, decide (pure), apply, write status once.
+
+    read      the LLMDeployment (GET), its pods and Services (one LIST each, by our
+              deployment label), ComputeDomains when the NVIDIA DRA CRD exists;
+              GPU nodes and GPU usage come from the kopf indexes (watches), not
+              from the API server.
+    plan      `planner.plan_for_spec` on the free GPUs this deployment may use
+              (the topology without its own pods), cached per object: re-planned
+              only when the inputs that matter change (the spec without
+              `replicas`/`autoscaling`, and the fleet's shape: domains, products,
+              GPUs of schedulable nodes). A spec that cannot be planned is
+              re-planned every time (capacity may have appeared).
+    decide    `controller.decide.decide`: the children to apply/delete and the status.
+    apply     children with server-side apply (`controller.apply`), deletes with
+              UID preconditions (never a newer object of the same name).
+    status    one merge patch of the keys the reconciler owns, only when changed;
+              events for transitions only.
+
+Everything between read and apply runs in a worker thread (`asyncio.to_thread`):
+planning takes up to about a second on a large fleet and must not stall the
+event loop. Reconciles of one object are serialised by a per-object lock
+(kopf handlers and the child-event/resync queue both call `reconcile`).
+
+Desired replicas: `spec.replicas`; with `spec.autoscaling.enabled` the
+autoscaler's last decision (`status.autoscaling.toReplicas`, written by the
+autoscaling timer, see `handlers.AUTOSCALE_HOOK`) clamped to
+[minReplicas, maxReplicas], starting from `spec.replicas`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterable, Mapping
+
+from meshplan.controller import apply as applier
+from meshplan.controller.decide import OWNED_STATUS_KEYS, Inputs, Outcome, decide, target_for
+from meshplan.controller.kube import COMPUTE_DOMAIN_CRD, ApiError, Kube
+from meshplan.controller.status import status_patch
+from meshplan.render.workloads import LABEL_DEPLOYMENT
+from meshplan.topology import NodeInfo, Topology, build_topology_from_infos
+
+log = logging.getLogger("meshplan.controller")
+
+API_VERSION, KIND = "meshplan.dev/v1alpha1", "LLMDeployment"
+CD_API = "resource.nvidia.com/v1beta1"
+
+
+def desired_replicas(spec: Any, status: Mapping[str, Any] | None) -> int:
+    """spec.replicas, or the autoscaler's decision within [minReplicas, maxReplicas] (see module doc)."""
+    a = spec.autoscaling
+    if not a.enabled:
+        return spec.replicas
+    decided = ((status or {}).get("autoscaling") or {}).get("toReplicas")
+    n = spec.replicas if decided is None else int(decided)
+    hi = a.max_replicas if a.max_replicas is not None else n
+    return max(a.min_replicas, min(n, hi))
+
+
+def plan_key(spec: Any, topology: Topology) -> str:
+    """Hash of what the plan depends on: the spec without replicas/autoscaling, and the fleet's shape."""
+    doc = spec.to_manifest()
+    doc.pop("replicas", None)
+    doc.pop("autoscaling", None)
+    shape = sorted((d.name, d.product, d.total_gpus, d.zone) for d in topology.select(
+        dict(spec.gpus.node_selector or {})).domains)
+    raw = json.dumps({"spec": doc, "fleet": shape}, sort_keys=True, default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def _capacity_message(spec: Any, topology: Topology, reason: str) -> tuple[str, str]:
+    """(reason, message) for a spec the planner could not fit: capacity, or no feasible layout at all."""
+    from meshplan.planner import plan_for_spec
+
+    try:
+        unbounded = plan_for_spec(spec, None)
+    except ValueError:
+        unbounded = None
+    if unbounded is None or unbounded.choice is None:
+        return "NoFeasiblePlan", reason
+    c = unbounded.choice
+    sel = dict(spec.gpus.node_selector or {})
+    topo = topology.select(sel)
+    free = sorted(((d.name, d.free_gpus) for d in topo.domains if d.free_gpus > 0), key=lambda x: (-x[1], x[0]))
+    shown = ", ".join(f"{n}={f}" for n, f in free[:8]) + (f" (+{len(free) - 8} more)" if len(free) > 8 else "")
+    need = c.layout.gpus_per_replica * max(spec.replicas, 1 if spec.autoscaling.enabled else spec.replicas)
+    return "InsufficientCapacity", (
+        f"needs {need} GPUs ({max(spec.replicas, 1)} replica(s) of {c.layout.label()} = {c.layout.gpus_per_replica} "
+        f"GPUs each, {c.gpu}) but only {topo.free_gpus} are free for it"
+        + (f" on nodes matching {sel}" if sel else "")
+        + f"; free GPUs per NVLink domain: {shown or 'none'}. Planner: {reason}. "
+        "Free capacity, lower spec.replicas or spec.gpus.maxGpus, or allow other GPUs (spec.gpus.products)")
+
+
+@dataclass
+class World:
+    """What the kopf indexes hold: GPU node infos and (namespace, deployment, node, GPUs) per pod."""
+
+    nodes: Callable[[], Iterable[NodeInfo]] = lambda: ()
+    usage: Callable[[], Iterable[tuple[str, str | None, str, int]]] = lambda: ()
+
+    def topology_without(self, namespace: str, name: str) -> Topology:
+        own = (namespace, name)
+        return build_topology_from_infos(
+            list(self.nodes()), [(node, g) for ns, dep, node, g in self.usage() if (ns, dep) != own])
+
+
+@dataclass
+class Result:
+    requeue_after_s: float | None
+    writes: int = 0
+    outcome: Outcome | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class Reconciler:
+    kube: Kube
+    world: World
+    compute_domains: bool | None = None            # None: look the CRD up once
+    plans: dict[str, tuple[str, Any]] = field(default_factory=dict)   # uid -> (plan key, Plan)
+    locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
+
+    def forget(self, namespace: str, name: str, uid: str | None = None) -> None:
+        self.locks.pop((namespace, name), None)
+        if uid:
+            self.plans.pop(uid, None)
+
+    async def reconcile(self, namespace: str, name: str) -> Result:
+        lock = self.locks.setdefault((namespace, name), asyncio.Lock())
+        async with lock:
+            t0 = time.monotonic()
+            res = await self._reconcile(namespace, name)
+            res.seconds = time.monotonic() - t0
+            try:
+                from meshplan import metrics
+
+                metrics.observe_reconcile(res.seconds, True)
+            except Exception:  # noqa: BLE001 - metrics never break a reconcile
+                pass
+            return res
+
+    async def _reconcile(self, namespace: str, name: str) -> Result:
+        kube = self.kube
+        writes0 = kube.writes
+        body = await kube.get(API_VERSION, KIND, namespace, name)
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            # Children go with the owner (ownerReferences + garbage collector): nothing to do.
+            return Result(None)
+        if self.compute_domains is None:
+            self.compute_domains = await kube.crd_exists(COMPUTE_DOMAIN_CRD)
+        selector = f"{LABEL_DEPLOYMENT}={name}"
+        pods, services = await asyncio.gather(kube.list("v1", "Pod", namespace, selector),
+                                              kube.list("v1", "Service", namespace, selector))
+        cds = await kube.list(CD_API, "ComputeDomain", namespace, selector) if self.compute_domains else []
+        uid = body["metadata"].get("uid", "")
+        # Only children this object owns (a same-named object from before a re-create is not ours).
+        pods = [p for p in pods if _owned_by(p, uid)]
+        services = [s for s in services if _owned_by(s, uid)]
+        cds = [c for c in cds if _owned_by(c, uid)]
+        topology = self.world.topology_without(namespace, name)
+        outcome = await asyncio.to_thread(self._decide, body, topology, pods, services, cds)
+
+        for desired, live in outcome.apply:
+            try:
+                await applier.apply(kube, desired, live)
+            except applier.ImmutableFieldChanged as exc:
+                log.warning("replacing %s: %s", desired["metadata"]["name"], exc)
+                await kube.delete(desired["apiVersion"], desired["kind"], namespace, desired["metadata"]["name"],
+                                  uid=(live or {}).get("metadata", {}).get("uid"))
+        for api_version, kind, child, child_uid in outcome.delete:
+            await kube.delete(api_version, kind, namespace, child, uid=child_uid or None)
+        patch = status_patch(body.get("status"), outcome.status, OWNED_STATUS_KEYS)
+        if patch:
+            try:
+                await kube.patch_status(API_VERSION, KIND, namespace, name, patch,
+                                        resource_version=body["metadata"].get("resourceVersion"))
+            except ApiError as exc:
+                if exc.status == 409:
+                    import kopf
+
+                    raise kopf.TemporaryError(f"status of {namespace}/{name} changed meanwhile; retrying",
+                                              delay=1.0) from exc
+                raise
+        for type_, reason, message in outcome.events:
+            await self._event(body, type_, reason, message)
+        return Result(outcome.requeue_after_s, kube.writes - writes0, outcome)
+
+    def _decide(self, body: Mapping[str, Any], topology: Topology, pods: list, services: list,
+                cds: list) -> Outcome:
+        """The pure part of a reconcile (runs in a worker thread)."""
+        from pydantic import ValidationError
+
+        from meshplan.api.models import LLMDeployment, validate_semantics
+
+        meta = body.get("metadata") or {}
+        status = body.get("status") or {}
+        common = dict(name=meta.get("name", ""), namespace=meta.get("namespace", ""), uid=meta.get("uid", ""),
+                      generation=meta.get("generation"), topology=topology, pods=pods, services=services,
+                      compute_domains=cds, previous_status=status, now=self.clock())
+        try:
+            llmd = LLMDeployment.from_manifest(dict(body))
+        except ValidationError as exc:
+            msg = "; ".join(f"spec.{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}"
+                            for e in exc.errors()[:5])
+            return decide(Inputs(desired_replicas=0, planned_reason="InvalidSpec", planned_message=msg, **common))
+        spec = llmd.spec
+        desired = desired_replicas(spec, status)
+        problems = validate_semantics(spec)
+        if problems and not (len(problems) == 1 and "predictions may not describe" in problems[0]):
+            return decide(Inputs(desired_replicas=desired, planned_reason="InvalidSpec",
+                                 planned_message="; ".join(problems), **common))
+        plan = self._plan(common["uid"], spec, topology)
+        if isinstance(plan, str):
+            return decide(Inputs(desired_replicas=desired, planned_reason="InvalidSpec", planned_message=plan,
+                                 **common))
+        if plan.choice is None:
+            reason, message = _capacity_message(spec, topology, plan.reason)
+            return decide(Inputs(desired_replicas=desired, planned_reason=reason, planned_message=message,
+                                 **common))
+        target = target_for(spec, plan, topology, bool(self.compute_domains))
+        return decide(Inputs(desired_replicas=desired, target=target, **common))
+
+    def _plan(self, uid: str, spec: Any, topology: Topology) -> Any:
+        from meshplan.planner import plan_for_spec
+
+        key = plan_key(spec, topology)
+        cached = self.plans.get(uid)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        t0 = time.monotonic()
+        try:
+            plan = plan_for_spec(spec, topology.select(dict(spec.gpus.node_selector or {})).to_fleet())
+        except ValueError as exc:
+            return str(exc)
+        finally:
+            try:
+                from meshplan import metrics
+
+                metrics.observe_plan(time.monotonic() - t0)
+            except Exception:  # noqa: BLE001
+                pass
+        if plan.choice is not None:
+            self.plans[uid] = (key, plan)
+        return plan
+
+    async def _event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = body.get("metadata") or {}
+        now = self.clock().astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'llmd')}.", "namespace": meta.get("namespace")},
+            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta.get("name"),
+                               "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+            "type": type_, "reason": reason[:128], "message": message[:1024],
+            "source": {"component": "meshplan"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            await kube_post(self.kube, f"/api/v1/namespaces/{meta.get('namespace')}/events", event)
+        except ApiError as exc:      # events are best effort
+            log.debug("event not posted: %s", exc)
+
+
+async def kube_post(kube: Kube, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    return await kube.request("POST", path, body=body)
+
+
+def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return not uid or any(r.get("uid") == uid for r in refs)
+
+
+__all__ = ["Reconciler", "Result", "World", "desired_replicas", "plan_key"]
