@@ -456,8 +456,9 @@ class Precision(ApiModel):
 
     weights: DtypeOrAuto = Field(
         default="auto",
-        description="Weight dtype: auto (the planner picks the fastest dtype the GPU supports at or above "
-        "accuracyFloor, preferring the checkpoint's own) or pinned bf16|fp16|fp8|int8|int4|fp4.",
+        description="Weight dtype: auto (the planner keeps the most precise dtype, starting from the checkpoint's "
+        "own, that the GPU runs natively and that leaves room for KV cache in one NVLink domain, never below "
+        "accuracyFloor) or pinned bf16|fp16|fp8|int8|int4|fp4.",
     )
     kv_cache: DtypeOrAuto = Field(
         default="auto",
