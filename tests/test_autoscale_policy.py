@@ -413,3 +413,28 @@ def test_no_oscillation_under_constant_load(rps: float, start: int, planner_erro
     assert flips <= 1, history
     # ...and the last hour is flat
     assert len(set(history[-120:])) == 1, history
+
+
+def test_ttft_breach_right_after_a_scale_down_is_learned_and_forgotten_slowly() -> None:
+    # 3 replicas, 3.3 req/s: the planner (2.0 req/s at SLO, sized 1.8) says 2 are enough
+    calm = snap(ttft=0.3, itl=0.02, rps=3.3)
+    ds = run(AutoscaleState(desired_replicas=3), calm, [T0 + k * 30 for k in range(11)])
+    assert ds[-1].desired_replicas == 2 and ds[-1].state.last_down_at == T0 + 300
+    # ...but at 2 replicas TTFT breaks: the scale-down caused it
+    hot = snap(ttft=1.4, itl=0.02, rps=3.3)
+    d = run(ds[-1].state, hot, [T0 + 450, T0 + 480, T0 + 510])[-1]
+    assert d.desired_replicas == 3
+    assert d.state.learned_rps_per_replica == pytest.approx(1.65) and d.state.learned_from_ttft
+    # at 3 replicas the same load now needs 3 (1.65 x 0.9 per replica): no second bounce
+    d2 = decide(d.state, calm, CFG, CAP, T0 + 900)
+    assert d2.load_replicas == 3
+    # the gap to the planner's 2.0 halves every 2 h (learned at T0+510)
+    d3 = decide(d2.state, calm, CFG, CAP, T0 + 510 + 7200)
+    assert d3.state.learned_rps_per_replica == pytest.approx(2.0 - 0.35 / 2, rel=1e-6)
+
+
+def test_ttft_breach_without_a_recent_scale_down_is_not_learned() -> None:
+    hot = snap(ttft=1.4, itl=0.02, rps=3.3)
+    d = run(AutoscaleState(desired_replicas=2), hot, [T0, T0 + 60])[-1]
+    assert d.desired_replicas == 3
+    assert d.state.learned_rps_per_replica is None

@@ -15,15 +15,21 @@ Signals
 - Replicas the load needs = demand / (per-replica capacity at SLO x
   `target_load_fraction`), from the planner's requests/s at SLO and/or its
   concurrency at SLO (running + queued / concurrency), whichever needs more.
-  When ITL breaches the SLO for a whole up window with all replicas ready, the
-  observed load per replica becomes the capacity estimate (the planner was
-  optimistic; do not scale back down into the same breach). Only ITL teaches:
-  it depends on the batch a replica runs, i.e. on its steady load, while TTFT
-  also carries transient queueing (a burst that is already over still fills a
-  2 m p99), and learning from that pinned the fleet high in the simulator.
-  The estimate rises again whenever all ready replicas are seen serving more
-  per replica within the SLO. (An optimistic TTFT prediction is not learned:
-  it can cost one up/down cycle per down window.)
+  Learning the real capacity: when the planner was optimistic, scaling down to
+  what it says the load needs breaks the SLO again, and the fleet would
+  oscillate. So a latency breach that lasts a whole up window with all
+  replicas ready, and is either an ITL breach (ITL follows the batch a replica
+  runs, i.e. its steady load) or comes within two down windows of a
+  scale-down (the scale-down caused it), makes the peak load per replica seen
+  during the breach the capacity estimate. TTFT breaches at other times are
+  not learned from: TTFT also carries transient queueing (a burst that is over
+  still fills a 2 m p99), and learning from those pinned the fleet high in
+  the simulator. The estimate rises again when all ready replicas serve more
+  per replica within the SLO. One learned from a TTFT bounce also drifts back
+  to the planner's with a half-life of `capacity_half_life_s` (2 h): a burst
+  misread as capacity costs hours, not the rest of the day, while a truly
+  optimistic TTFT prediction is re-learned after one breach an hour or so
+  later. ITL-learned estimates do not drift (ITL is not fooled by bursts).
 
 Rules, in order
 1. Replica bounds first: a count outside [min, max] (the spec changed) is
@@ -123,6 +129,7 @@ class AutoscaleConfig:
     max_metrics_age_s: float = 90.0
     target_load_fraction: float = 0.8
     queue_drain_s: float = 60.0
+    capacity_half_life_s: float = 7200.0
 
     def __post_init__(self) -> None:
         def need(ok: bool, spec_name: str, fix: str) -> None:
@@ -166,6 +173,7 @@ class AutoscaleConfig:
             "must be in (0, 1]",
         )
         need(_is_num(self.queue_drain_s) and self.queue_drain_s > 0, "queue_drain_s", "must be > 0")
+        need(_is_num(self.capacity_half_life_s) and self.capacity_half_life_s > 0, "capacity_half_life_s", "must be > 0")
 
     @classmethod
     def from_slo(cls, slo: SLO, *, min_replicas: int, max_replicas: int, **overrides: Any) -> AutoscaleConfig:
@@ -212,6 +220,9 @@ class AutoscaleState:
     last_change_at: float | None = None
     learned_rps_per_replica: float | None = None  # load per replica at which the SLO broke
     learned_at: float | None = None
+    breach_peak_rps_per_replica: float | None = None  # highest load per replica during the current breach
+    last_down_at: float | None = None
+    learned_from_ttft: bool = False               # a TTFT-bounce estimate, which is forgotten slowly
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -226,11 +237,13 @@ class AutoscaleState:
             if not _is_int(replicas) or replicas < 0:
                 raise ValueError
             kw: dict[str, Any] = {"desired_replicas": replicas}
-            for name in ("above_since", "below_since", "last_change_at", "learned_rps_per_replica", "learned_at"):
+            for name in ("above_since", "below_since", "last_change_at", "learned_rps_per_replica", "learned_at",
+                         "breach_peak_rps_per_replica", "last_down_at"):
                 v = data.get(name)
                 if v is not None and not (_is_num(v) and math.isfinite(v)):
                     raise ValueError
                 kw[name] = None if v is None else float(v)
+            kw["learned_from_ttft"] = data.get("learned_from_ttft") is True
             return cls(**kw)
         except (KeyError, ValueError, TypeError):
             return cls(desired_replicas=default_replicas)
@@ -315,6 +328,13 @@ def decide(
     no_traffic = demand == 0 and running == 0
 
     learned, learned_at = state.learned_rps_per_replica, state.learned_at
+    planner_rps = capacity.requests_per_s_at_slo
+    from_ttft = state.learned_from_ttft
+    if from_ttft and learned is not None and learned_at is not None and planner_rps is not None and planner_rps > learned:
+        # Forget slowly: the gap to the planner's estimate halves every half-life, so a
+        # breach that was really a burst does not pin the fleet high for the rest of the day.
+        gap = (planner_rps - learned) * 0.5 ** (max(0.0, now - learned_at) / config.capacity_half_life_s)
+        learned, learned_at = planner_rps - gap, now
     ready = capacity.ready_replicas
     settled = ready is None or ready >= current
     load_replicas = _replicas_for_load(demand, queue + running, capacity, learned, config, no_traffic)
@@ -322,7 +342,7 @@ def decide(
     if learned is not None and settled and current > 0 and worst <= config.up_threshold and demand / current > learned:
         learned, learned_at = demand / current, now
         if capacity.requests_per_s_at_slo is not None and learned >= capacity.requests_per_s_at_slo:
-            learned, learned_at = None, None
+            learned, learned_at, from_ttft = None, None, False
 
     up = worst > config.up_threshold or (load_replicas is not None and load_replicas > current)
     down = (
@@ -331,9 +351,15 @@ def decide(
         and (load_replicas is None or load_replicas < current)
         and not (current == 1 and not no_traffic)
     )
+    # The load that caused a latency breach: the peak per-replica load while it lasts
+    # (the p99 lags the load by up to the rate window, so the load *now* may be lower).
+    breach_peak = None
+    if worst > config.up_threshold and settled and current > 0:
+        breach_peak = max(demand / current, state.breach_peak_rps_per_replica or 0.0)
     above_since = (state.above_since if state.above_since is not None else now) if up else None
     below_since = (state.below_since if state.below_since is not None else now) if down else None
-    base = replace(state, above_since=above_since, below_since=below_since, learned_rps_per_replica=learned, learned_at=learned_at)
+    base = replace(state, above_since=above_since, below_since=below_since, learned_rps_per_replica=learned,
+                   learned_at=learned_at, breach_peak_rps_per_replica=breach_peak, learned_from_ttft=from_ttft)
     active = Condition(COND_SCALING_ACTIVE, "True", REASON_VALID_METRICS, "metrics are fresh and valid")
     signal = _describe(ratios, config, demand, queue, load_replicas, capacity, learned)
     extra = dict(load_replicas=load_replicas, slo_ratios=ratios, demand_rps=demand, inputs=inputs)
@@ -348,12 +374,14 @@ def decide(
             msg = f"{signal}; cooldown until {state.last_change_at + config.cooldown_s - now:.0f}s from now"
             return Decision(current, current, COOLDOWN, msg, (active,), base, current, **extra)
         if settled:
-            itl_ratio = dict(ratios).get("itl", 0.0)
-            if itl_ratio > config.up_threshold and current > 0 and demand > 0 and (learned is None or demand / current < learned):
+            itl_breach = dict(ratios).get("itl", 0.0) > config.up_threshold
+            bounced = state.last_down_at is not None and now - state.last_down_at <= 2 * config.down_window_s
+            if breach_peak and (itl_breach or bounced) and (learned is None or breach_peak < learned):
                 # The SLO broke at this load per replica for a whole window: that is the
                 # real capacity, whatever the planner predicted.
-                learned, learned_at = demand / current, now
-                base = replace(base, learned_rps_per_replica=learned, learned_at=learned_at)
+                learned, learned_at = breach_peak, now
+                base = replace(base, learned_rps_per_replica=learned, learned_at=learned_at,
+                               learned_from_ttft=not itl_breach)
                 load_replicas = _replicas_for_load(demand, queue + running, capacity, learned, config, no_traffic)
                 extra["load_replicas"] = load_replicas
                 signal = _describe(ratios, config, demand, queue, load_replicas, capacity, learned)
@@ -387,9 +415,8 @@ def decide(
         wanted = max(floor, config.min_replicas)
         target = max(wanted, current - config.max_step_down)
         msg = f"{signal}; scaling {current} -> {target}"
-        return Decision(
-            target, current, SCALED_DOWN, msg, (active, not_limited), _changed_state(base, target, now), wanted, **extra
-        )
+        down_state = replace(_changed_state(base, target, now), last_down_at=now)
+        return Decision(target, current, SCALED_DOWN, msg, (active, not_limited), down_state, wanted, **extra)
 
     return Decision(current, current, WITHIN_SLO, signal, (active, not_limited), base, current, **extra)
 
@@ -468,7 +495,8 @@ def _active_or_not(s: MetricsSnapshot, c: AutoscaleConfig, now: float) -> Condit
 
 
 def _changed_state(state: AutoscaleState, target: int, now: float) -> AutoscaleState:
-    return replace(state, desired_replicas=target, above_since=None, below_since=None, last_change_at=now)
+    return replace(state, desired_replicas=target, above_since=None, below_since=None, last_change_at=now,
+                   breach_peak_rps_per_replica=None)
 
 
 def _describe(
