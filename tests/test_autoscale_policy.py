@@ -63,7 +63,7 @@ def test_scale_up_after_the_up_window() -> None:
     assert ds[-1].desired_replicas == 3 and ds[-1].reason == P.SCALED_UP
     assert ds[-1].state.last_change_at == T0 + 60
     assert ds[-1].state.above_since is None  # a fresh window after a change
-    assert "1.50x" in ds[-1].message and "2 -> 3" in ds[-1].message
+    assert "p99 TTFT 1.5s is 1.50x its 1s target" in ds[-1].message and "2 -> 3" in ds[-1].message
 
 
 def test_a_dip_restarts_the_up_window() -> None:
@@ -311,8 +311,8 @@ def test_malformed_state_falls_back(blob) -> None:
 
 
 def test_config_from_slo_and_validation() -> None:
-    cfg = AutoscaleConfig.from_slo(SLO(ttft_ms=800, itl_ms=40), min_replicas=1, max_replicas=4)
-    assert (cfg.ttft_target_s, cfg.itl_target_s) == (0.8, 0.04)
+    cfg = AutoscaleConfig.from_slo(SLO(ttft_ms=800, itl_ms=40, percentile=95), min_replicas=1, max_replicas=4)
+    assert (cfg.ttft_target_s, cfg.itl_target_s, cfg.percentile) == (0.8, 0.04, 95)
     with pytest.raises(AutoscaleConfigError, match="slo"):
         AutoscaleConfig.from_slo(SLO(), min_replicas=1, max_replicas=4)
     with pytest.raises(AutoscaleConfigError, match="maxReplicas"):

@@ -130,6 +130,7 @@ class AutoscaleConfig:
     target_load_fraction: float = 0.8
     queue_drain_s: float = 60.0
     capacity_half_life_s: float = 7200.0
+    percentile: float = 99.0  # of the latency targets (for messages; the queries carry it)
 
     def __post_init__(self) -> None:
         def need(ok: bool, spec_name: str, fix: str) -> None:
@@ -182,6 +183,7 @@ class AutoscaleConfig:
             max_replicas=max_replicas,
             ttft_target_s=None if slo.ttft_ms is None else slo.ttft_ms / 1000.0,
             itl_target_s=None if slo.itl_ms is None else slo.itl_ms / 1000.0,
+            percentile=slo.percentile,
             **overrides,
         )
 
@@ -509,7 +511,8 @@ def _describe(
     learned: float | None,
 ) -> str:
     targets = {"ttft": c.ttft_target_s, "itl": c.itl_target_s}
-    parts = [f"{n.upper()} at {r * targets[n]:.3g}s is {r:.2f}x its {targets[n]:.3g}s target" for n, r in ratios]
+    p = f"p{c.percentile:g}"
+    parts = [f"{p} {n.upper()} {r * targets[n]:.3g}s is {r:.2f}x its {targets[n]:.3g}s target" for n, r in ratios]
     load = f"demand {demand:.3g} req/s ({queue:.0f} queued)"
     if load_replicas is not None:
         per = cap.requests_per_s_at_slo
