@@ -1,0 +1,285 @@
+"""The operator end to end: `meshplan run` against the real control plane, kwok running the pods.
+
+One operator process per module, scoped to the namespaces `mp-op-*` that these
+tests create. Each test applies LLMDeployments (the repository's examples,
+pinned with a node selector to one simulated fleet) and checks what issue 5
+asks: Available, one NVLink domain per replica, the planned engine arguments
+and NCCL environment on the pods, drift undone, insufficient capacity reported
+with numbers and recovered from, rolling changes that keep ready replicas, and
+garbage collection on delete.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+NS_GLOB = "mp-op-*"
+
+_spec = importlib.util.spec_from_file_location("operator_runner", Path(__file__).with_name("operator_runner.py"))
+operator_runner = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(operator_runner)
+OperatorProcess = operator_runner.OperatorProcess
+
+
+@pytest.fixture(scope="module")
+def operator(cluster, request):
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/llmdeployments.meshplan.dev", "--timeout=60s")
+    op = OperatorProcess(cluster.kubeconfig, [NS_GLOB]).start()
+    failed_before = request.session.testsfailed
+    yield op
+    op.stop()
+    if request.session.testsfailed > failed_before:
+        print(f"\n----- meshplan operator log (tail) -----\n{op.tail(150)}")
+
+
+@pytest.fixture
+def ns(cluster, operator, request):
+    """A namespace the operator serves; the test's LLMDeployments and their pods are gone after it."""
+    name = f"mp-op-{request.node.name[5:25].lower().replace('_', '-').strip('-')}-" \
+           f"{hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:5]}"
+    name = "".join(c for c in name if c.isalnum() or c == "-")
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "llmd", "--all", "-n", name, "--wait=true", "--timeout=60s", check=False)
+    _wait(lambda: not _pods(cluster, name), 60, "pods of the test gone", cluster, operator)
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _example(file: str, fleet: str, **spec: Any) -> dict[str, Any]:
+    m = yaml.safe_load((EXAMPLES / file).read_text())
+    m["spec"].setdefault("gpus", {})["nodeSelector"] = {"meshplan.dev/fleet": fleet}
+    for k, v in spec.items():
+        m["spec"][k] = v
+    return m
+
+
+def _apply(cluster, ns: str, manifest: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(manifest))
+
+
+def _get(cluster, ns: str, kind: str, name: str) -> dict[str, Any] | None:
+    r = cluster.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def _pods(cluster, ns: str) -> list[dict[str, Any]]:
+    return json.loads(cluster.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"]
+
+
+def _cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c["type"] == type_:
+            return c
+    return {}
+
+
+def _wait(pred: Callable[[], Any], timeout_s: float, what: str, cluster=None, operator=None) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def _available(cluster, ns: str, name: str, timeout_s: float = 90) -> dict[str, Any]:
+    return _wait(lambda: (o := _get(cluster, ns, "llmd", name)) and _cond(o, "Available").get("status") == "True"
+                 and o["status"].get("observedGeneration") == o["metadata"]["generation"] and o,
+                 timeout_s, f"{ns}/{name} Available")
+
+
+def _nodes(cluster) -> dict[str, dict[str, str]]:
+    items = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    return {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in items}
+
+
+def _domain(labels: dict[str, str]) -> str:
+    return labels.get("nvidia.com/gpu.clique") or labels["kubernetes.io/hostname"]
+
+
+def _ready_groups(pods: list[dict[str, Any]]) -> int:
+    groups: dict[str, list[bool]] = {}
+    for p in pods:
+        if p["metadata"].get("deletionTimestamp"):
+            continue
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))
+        groups.setdefault(p["metadata"]["labels"]["meshplan.dev/replica"], []).append(ready)
+    size = {p["metadata"]["labels"]["meshplan.dev/replica"]:
+            int(next(e["value"] for e in p["spec"]["containers"][0]["env"] if e["name"] == "MESHPLAN_NNODES"))
+            for p in pods}
+    return sum(1 for g, r in groups.items() if len(r) == size[g] and all(r))
+
+
+TP_FLAG = {"vllm": "--tensor-parallel-size", "sglang": "--tp-size", "trtllm": "--tp_size"}
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("file,fleet,overrides", [
+    ("llama-3.1-70b-hgx-h100.yaml", "hgx-h100", {}),
+    ("gpt-moe-1.8t-gb200-nvl72.yaml", "gb200-nvl72", {}),
+    ("llama-3.1-8b-1gpu.yaml", "mixed", {}),
+    # the example's node selector names an AWS instance type the simulated fleet does not label
+    ("mixtral-8x7b-l40s.yaml", "mixed", {"gpus": {"products": ["NVIDIA-L40S"], "maxGpus": 8}}),
+], ids=["hgx-h100-llama-70b", "gb200-nvl72-gpt-moe", "mixed-llama-8b", "mixed-mixtral-l40s"])
+def test_example_becomes_available_on_one_nvlink_domain_per_replica(cluster, ns, file, fleet, overrides):
+    m = _example(file, fleet, **copy.deepcopy(overrides))
+    m["spec"]["gpus"]["nodeSelector"] = {"meshplan.dev/fleet": fleet}
+    name = m["metadata"]["name"]
+    _apply(cluster, ns, m)
+    obj = _available(cluster, ns, name, timeout_s=120)
+    st = obj["status"]
+    assert _cond(obj, "Planned")["status"] == "True"
+    assert st["readyReplicas"] >= st["desiredReplicas"] >= 1
+    assert st["selector"] == f"meshplan.dev/deployment={name},meshplan.dev/role=leader"
+    plan = st["plan"]
+    nodes = _nodes(cluster)
+    pods = _pods(cluster, ns)
+    assert pods and all(p["spec"].get("nodeName") for p in pods)
+    by_group: dict[str, list[dict]] = {}
+    for p in pods:
+        by_group.setdefault(p["metadata"]["labels"]["meshplan.dev/replica"], []).append(p)
+    assert len(by_group) == st["desiredReplicas"]
+    for group, members in by_group.items():
+        assert len(members) * int(members[0]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) \
+            == plan["gpusPerReplica"]
+        assert all(nodes[p["spec"]["nodeName"]]["meshplan.dev/fleet"] == fleet for p in members)
+        # the plan fits one NVLink domain here, so the whole replica sits in one
+        assert len({_domain(nodes[p["spec"]["nodeName"]]) for p in members}) == 1, \
+            f"replica {group} spans domains: {[p['spec']['nodeName'] for p in members]}"
+        assert not any(p["spec"].get("schedulingGates") for p in members)
+    leader = next(p for p in pods if p["metadata"]["labels"]["meshplan.dev/role"] == "leader")
+    c = leader["spec"]["containers"][0]
+    engine = leader["metadata"]["labels"]["app.kubernetes.io/name"]
+    argv = c.get("command", []) + c.get("args", [])
+    text = " ".join(argv)
+    flag = TP_FLAG[engine]
+    assert f"{flag} {plan['tp']}" in text or f"{flag}={plan['tp']}" in text, text
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    # every NCCL variable the render explains on the pod is set to the explained value
+    explained = [line.split(" ", 2)[1] for line in leader["metadata"]["annotations"]["meshplan.dev/explain"].splitlines()
+                 if line.startswith("env ") and "(NCCL default)" not in line]
+    for pair in explained:
+        k, v = pair.split("=", 1)
+        assert env.get(k) == v.rstrip(":"), (k, v, env.get(k))
+    if plan["gpusPerReplica"] > 1 and "L40S" not in (plan.get("gpuProduct") or ""):
+        assert explained and any(k.startswith("NCCL_") for k in env), sorted(env)   # NVLink/MNNVL settings
+    # a user override from the spec wins over the defaults
+    for e in m["spec"].get("nccl", {}).get("env", []):
+        assert env.get(e["name"]) == e.get("value")
+
+
+def test_deleted_and_edited_children_are_restored(cluster, ns, operator):
+    # TP8 on 4-GPU GB200 trays: two pods per replica, so a worker pod exists.
+    m = _example("llama-3.1-70b-hgx-h100.yaml", "gb200-nvl72", replicas=1,
+                 autoscaling={"enabled": False})
+    m["metadata"]["name"] = "drift"
+    m["spec"]["gpus"] = {"products": ["NVIDIA-GB200"], "maxGpus": 8, "nodeSelector": {"meshplan.dev/fleet": "gb200-nvl72"}}
+    m["spec"]["parallelism"] = {"tensor": 8, "pipeline": 1}
+    _apply(cluster, ns, m)
+    _available(cluster, ns, "drift")
+    worker = _get(cluster, ns, "pod", "drift-r0-1")
+    assert worker is not None, [p["metadata"]["name"] for p in _pods(cluster, ns)]
+    cluster.kubectl("delete", "pod", "drift-r0-1", "-n", ns, "--wait=false")
+    cluster.kubectl("delete", "service", "drift", "-n", ns, "--wait=false")
+    cluster.kubectl("patch", "service", "drift-r0", "-n", ns, "--type=merge",
+                    "-p", json.dumps({"spec": {"selector": {"meshplan.dev/deployment": "hijacked"}}}))
+    cluster.kubectl("label", "pod", "drift-r0-0", "-n", ns, "meshplan.dev/role=edited", "--overwrite")
+    _wait(lambda: (p := _get(cluster, ns, "pod", "drift-r0-1")) and p["metadata"]["uid"] != worker["metadata"]["uid"]
+          and p.get("status", {}).get("phase") == "Running", 60, "worker pod back and running")
+    _wait(lambda: _get(cluster, ns, "service", "drift"), 30, "client Service back")
+    _wait(lambda: (_get(cluster, ns, "service", "drift-r0") or {}).get("spec", {}).get("selector", {}).get(
+        "meshplan.dev/deployment") == "drift", 30, "headless Service selector restored")
+    _wait(lambda: (_get(cluster, ns, "pod", "drift-r0-0") or {}).get("metadata", {}).get("labels", {}).get(
+        "meshplan.dev/role") == "leader", 30, "leader label restored")
+    _available(cluster, ns, "drift")
+
+
+def test_insufficient_capacity_reports_numbers_and_recovers_when_gpus_free_up(cluster, ns):
+    base = _example("llama-3.1-70b-hgx-h100.yaml", "hgx-h100", replicas=2, autoscaling={"enabled": False})
+    base["spec"]["parallelism"] = {"tensor": 8, "pipeline": 1}
+    base["spec"]["gpus"] = {"products": ["NVIDIA-H100-80GB-HBM3"], "maxGpus": 32,
+                            "nodeSelector": {"meshplan.dev/fleet": "hgx-h100"}}
+    blocker = copy.deepcopy(base)
+    blocker["metadata"]["name"] = "blocker"
+    _apply(cluster, ns, blocker)
+    _available(cluster, ns, "blocker")
+    big = copy.deepcopy(base)
+    big["metadata"]["name"] = "big"
+    big["spec"]["replicas"] = 3               # 24 GPUs; 16 are free while the blocker runs
+    _apply(cluster, ns, big)
+    obj = _wait(lambda: (o := _get(cluster, ns, "llmd", "big")) and _cond(o, "Planned").get("status") == "False"
+                and o, 60, "big Planned=False")
+    planned = _cond(obj, "Planned")
+    assert planned["reason"] == "InsufficientCapacity"
+    assert "needs 24 GPUs" in planned["message"] and "16 are free" in planned["message"], planned["message"]
+    assert not [p for p in _pods(cluster, ns) if p["metadata"]["labels"]["meshplan.dev/deployment"] == "big"]
+    cluster.kubectl("delete", "llmd", "blocker", "-n", ns, "--wait=true")
+    obj = _available(cluster, ns, "big", timeout_s=90)
+    assert obj["status"]["readyReplicas"] == 3
+    assert _cond(obj, "Planned")["status"] == "True"
+
+
+def test_model_change_rolls_groups_without_dropping_ready_replicas(cluster, ns):
+    m = _example("llama-3.1-70b-hgx-h100.yaml", "hgx-h100", replicas=2, autoscaling={"enabled": False})
+    m["metadata"]["name"] = "roll"
+    m["spec"]["model"] = {"name": "llama-3.1-70b"}     # servedName is immutable: let it follow the model
+    m["spec"]["parallelism"] = {"tensor": 8, "pipeline": 1}
+    m["spec"]["gpus"] = {"products": ["NVIDIA-H100-80GB-HBM3"], "maxGpus": 16,
+                         "nodeSelector": {"meshplan.dev/fleet": "hgx-h100"}}
+    _apply(cluster, ns, m)
+    before = _available(cluster, ns, "roll")
+    old_hashes = {p["metadata"]["labels"]["meshplan.dev/plan-hash"] for p in _pods(cluster, ns)}
+    m["spec"]["model"] = {"name": "llama-3.1-8b"}
+    m["spec"]["parallelism"] = {"tensor": "auto", "pipeline": 1}
+    _apply(cluster, ns, m)
+    lowest = 99
+    deadline = time.monotonic() + 150
+    done = False
+    while time.monotonic() < deadline:
+        pods = _pods(cluster, ns)
+        lowest = min(lowest, _ready_groups(pods))
+        obj = _get(cluster, ns, "llmd", "roll")
+        hashes = {p["metadata"]["labels"]["meshplan.dev/plan-hash"] for p in pods}
+        if (obj["status"].get("observedGeneration") == obj["metadata"]["generation"]
+                and _cond(obj, "Available").get("status") == "True"
+                and _cond(obj, "Progressing").get("status") == "False" and hashes.isdisjoint(old_hashes)):
+            done = True
+            break
+        time.sleep(0.3)
+    assert done, f"rollout did not finish: {obj['status']}"
+    assert lowest >= before["status"]["readyReplicas"] == 2, f"ready replicas dropped to {lowest}"
+    assert obj["status"]["plan"]["layout"] != before["status"]["plan"]["layout"] or \
+        obj["status"]["plan"] != before["status"]["plan"]
+
+
+def test_deleting_the_llmdeployment_removes_every_child(cluster, ns):
+    m = _example("llama-3.1-8b-1gpu.yaml", "hgx-h100")
+    m["metadata"]["name"] = "gone"
+    _apply(cluster, ns, m)
+    _available(cluster, ns, "gone")
+    assert _pods(cluster, ns)
+    obj = _get(cluster, ns, "llmd", "gone")
+    assert not obj["metadata"].get("finalizers"), "no finalizer: deletion must not need the operator"
+    cluster.kubectl("delete", "llmd", "gone", "-n", ns, "--wait=true", "--timeout=30s")
+    _wait(lambda: not _pods(cluster, ns), 60, "pods garbage-collected")
+    _wait(lambda: not json.loads(cluster.kubectl("get", "services", "-n", ns, "-l", "meshplan.dev/deployment=gone",
+                                                 "-o", "json").stdout)["items"], 60, "Services garbage-collected")
