@@ -1,0 +1,77 @@
+"""The controller's small pure helpers: conditions, status patches, apply comparison, plan cache key, replicas."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import yaml
+
+from meshplan.api.models import LLMDeployment
+from meshplan.controller.apply import is_subset, needs_apply
+from meshplan.controller.reconcile import desired_replicas, plan_key
+from meshplan.controller.status import condition, conditions, status_patch, transitioned
+from meshplan.devcluster.fleets import fleet_nodes, load_fleet
+from meshplan.topology import build_topology
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def _spec(**changes):
+    m = yaml.safe_load(open("examples/llama-3.1-70b-hgx-h100.yaml"))
+    for k, v in changes.items():
+        m["spec"][k] = v
+    return LLMDeployment.from_manifest(m).spec
+
+
+def test_transition_time_kept_while_status_holds_and_moves_when_it_changes():
+    c1 = condition([], "Available", True, "ReplicasReady", "2 of 2", 3, T0)
+    later = T0 + timedelta(minutes=5)
+    c2 = condition([c1], "Available", True, "ReplicasReady", "2 of 2 (again)", 4, later)
+    assert c2["lastTransitionTime"] == c1["lastTransitionTime"]
+    assert c2["observedGeneration"] == 4 and c2["message"] == "2 of 2 (again)"
+    c3 = condition([c2], "Available", False, "ReplicasNotReady", "1 of 2", 4, later)
+    assert c3["lastTransitionTime"] != c1["lastTransitionTime"]
+    assert transitioned([c2], c3) and not transitioned([c1], c2)
+
+
+def test_conditions_come_in_a_fixed_order():
+    out = conditions([], [("Degraded", False, "AsPlanned", ""), ("Planned", True, "PlanChosen", "")], 1, T0)
+    assert [c["type"] for c in out] == ["Planned", "Degraded"]
+
+
+def test_status_patch_touches_only_owned_keys_and_clears_removed_ones():
+    live = {"plan": {"layout": "TP8"}, "autoscaling": {"toReplicas": 3}, "readyReplicas": 1}
+    desired = {"readyReplicas": 2}
+    assert status_patch(live, desired, ("plan", "readyReplicas")) == {"plan": None, "readyReplicas": 2}
+    assert status_patch(live, {"plan": {"layout": "TP8"}, "readyReplicas": 1}, ("plan", "readyReplicas")) is None
+
+
+def test_subset_comparison_ignores_server_added_fields_but_not_our_values():
+    desired = {"metadata": {"labels": {"a": "1"}}, "spec": {"ports": [{"port": 8000}], "schedulingGates": []}}
+    live = {"metadata": {"labels": {"a": "1", "b": "2"}, "uid": "x"},
+            "spec": {"ports": [{"port": 8000, "protocol": "TCP"}], "clusterIP": "None"}}
+    assert is_subset(desired, live)
+    live["metadata"]["labels"]["a"] = "edited"
+    assert not is_subset(desired, live)
+    gated = {"spec": {"schedulingGates": [{"name": "meshplan.dev/gang"}]}}
+    assert not is_subset({"spec": {"schedulingGates": []}}, gated)
+    assert needs_apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}}, None)
+
+
+def test_desired_replicas_follow_spec_then_autoscaler_within_bounds():
+    fixed = _spec(autoscaling={"enabled": False}, replicas=3)
+    assert desired_replicas(fixed, {"autoscaling": {"toReplicas": 7}}) == 3
+    auto = _spec(replicas=2)          # example: autoscaling enabled, min 1, max 8
+    assert desired_replicas(auto, None) == 2
+    assert desired_replicas(auto, {"autoscaling": {"toReplicas": 5}}) == 5
+    assert desired_replicas(auto, {"autoscaling": {"toReplicas": 50}}) == 8
+
+
+def test_plan_key_ignores_replicas_but_not_the_model_or_the_fleet_shape():
+    topo = build_topology(fleet_nodes(load_fleet("hgx-h100")), ready_if_unknown=True)
+    base = plan_key(_spec(), topo)
+    assert plan_key(_spec(replicas=5), topo) == base
+    assert plan_key(_spec(model={"name": "llama-3.1-8b"}), topo) != base
+    nodes = fleet_nodes(load_fleet("hgx-h100"))
+    nodes[0].setdefault("spec", {})["unschedulable"] = True
+    assert plan_key(_spec(), build_topology(nodes, ready_if_unknown=True)) != base
