@@ -276,6 +276,7 @@ def test_bad_metrics_hold_and_say_why(bad: MetricsSnapshot, reason: str, start: 
     assert d.reason == reason
     act = {c.type: c for c in d.conditions}[P.COND_SCALING_ACTIVE]
     assert act.status == "False" and act.reason == reason
+    assert (P.COND_SCALING_ACTIVE, "False", reason, act.message) in d.condition_tuples()
     assert d.state.below_since is None and d.state.above_since is None
 
 

@@ -277,6 +277,10 @@ class Decision:
     def changed(self) -> bool:
         return self.desired_replicas != self.previous_replicas
 
+    def condition_tuples(self) -> list[tuple[str, str, str, str]]:
+        """(type, status, reason, message) for `meshplan.controller.status.conditions`."""
+        return [(c.type, c.status, c.reason, c.message) for c in self.conditions]
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["conditions"] = [asdict(c) for c in self.conditions]
