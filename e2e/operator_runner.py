@@ -1,64 +1,10 @@
-"""Run `meshplan run` as a subprocess against the e2e cluster (the operator as users run it).
+"""The e2e suite's handle on a running operator: `meshplan.controller.process.OperatorProcess`.
 
-The operator is scoped to namespace globs (never cluster-wide), so parallel
-test runs of other suites on the same cluster are not touched. Its log goes to
-a file; `tail()` returns the end of it for failure messages.
+Kept as a module of e2e/ so tests (and other suites, e.g. reliability) import
+one name; the implementation lives in the package because `meshplan demo`
+starts the operator the same way.
 """
 
-from __future__ import annotations
+from meshplan.controller.process import OperatorProcess
 
-import os
-import signal
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
-
-
-class OperatorProcess:
-    def __init__(self, kubeconfig: Path | str, namespaces: list[str], *extra: str, resync_s: float = 5.0):
-        self.kubeconfig = str(kubeconfig)
-        self.namespaces = namespaces
-        self.extra = list(extra)
-        self.resync_s = resync_s
-        self.proc: subprocess.Popen | None = None
-        self.log_path = Path(tempfile.mkstemp(prefix="meshplan-operator-", suffix=".log")[1])
-
-    def start(self, timeout_s: float = 60.0) -> "OperatorProcess":
-        argv = [sys.executable, "-m", "meshplan.cli", "run", "--kubeconfig", self.kubeconfig,
-                "--resync-seconds", str(self.resync_s), *self.extra]
-        for ns in self.namespaces:
-            argv += ["--namespace", ns]
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        log.close()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"meshplan run exited with {self.proc.returncode}:\n{self.tail()}")
-            if "Activity 'startup' succeeded" in self.log_path.read_text(errors="replace"):
-                return self
-            time.sleep(0.2)
-        raise RuntimeError(f"meshplan run did not start in {timeout_s:.0f}s:\n{self.tail()}")
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> None:
-        if not self.alive():
-            return
-        assert self.proc is not None
-        os.killpg(self.proc.pid, sig)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def tail(self, lines: int = 80) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no operator log)"
+__all__ = ["OperatorProcess"]
