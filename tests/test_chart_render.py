@@ -100,7 +100,7 @@ PEERING_VERBS = READ + ["patch"]
 @pytest.mark.parametrize("values", [
     {},
     {"watch": {"allNamespaces": False, "namespaces": ["team-a", "team-b"]}},
-    {"peering": {"enabled": True, "name": "meshplan", "createCRDs": True}, "replicaCount": 2},
+    {"peering": {"enabled": True, "name": "meshplan", "createCRDs": True, "standby": {"enabled": True}}},
     {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}, "computeDomains": {"enabled": True}},
 ], ids=["defaults", "namespaced", "peering-standby", "servicemonitor-computedomains"])
 def test_helm_lint_passes(values, tmp_path):
@@ -141,8 +141,8 @@ def test_default_deployment_one_replica_recreate_cluster_wide_standalone():
     assert ports["health"] == port
     assert c["livenessProbe"]["httpGet"] == {"path": urlpath(liveness_url), "port": "health"}
     assert c["readinessProbe"]["httpGet"]["port"] == "health"
+    assert c["args"][c["args"].index("--metrics-port") + 1] == str(ports["metrics"])
     env = {e["name"]: e for e in c["env"]}
-    assert env["MESHPLAN_METRICS_PORT"]["value"] == str(ports["metrics"])
     assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert c["resources"]["requests"]["memory"] and c["resources"]["limits"]["memory"]
 
@@ -172,14 +172,41 @@ def test_empty_namespace_list_is_refused_with_the_value_name():
     assert "watch.namespaces" in err
 
 
-def test_replicas_above_one_need_peering():
-    assert "peering.enabled" in render_error({"replicaCount": 2})
-    docs = render({"replicaCount": 2, "peering": {"enabled": True, "name": "ha"}})
-    args = container(docs, "Deployment")["args"]
-    assert args[args.index("--peering") + 1] == "ha" and "--standalone" not in args
+def test_more_than_one_replica_is_refused():
+    """kopf pauses every operator sharing a priority: replicas of one Deployment cannot be a standby."""
+    assert "replicaCount" in render_error({"replicaCount": 2})
+
+
+def _arg(c: dict, flag: str) -> str:
+    return c["args"][c["args"].index(flag) + 1]
+
+
+def test_standby_is_a_second_deployment_with_a_lower_priority():
+    docs = render({"peering": {"enabled": True, "name": "ha", "priority": 10, "standby": {"enabled": True,
+                                                                                         "priority": 5}}})
+    deps = {d["metadata"]["name"]: d for d in by_kind(docs, "Deployment")}
+    assert set(deps) == {"rel-meshplan", "rel-meshplan-standby"}
+    prio = {}
+    for name, dep in deps.items():
+        c = dep["spec"]["template"]["spec"]["containers"][0]
+        assert _arg(c, "--peering") == "ha" and "--standalone" not in c["args"]
+        assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+        prio[name] = int(_arg(c, "--priority"))
+    assert prio == {"rel-meshplan": 10, "rel-meshplan-standby": 5}
+    # the two selectors must not claim each other's pods
+    sel = [d["spec"]["selector"]["matchLabels"] for d in deps.values()]
+    pods = [d["spec"]["template"]["metadata"]["labels"] for d in deps.values()]
+    assert not all(pods[1].get(k) == v for k, v in sel[0].items())
+    assert not all(pods[0].get(k) == v for k, v in sel[1].items())
     assert one(docs, "ClusterKopfPeering")["metadata"]["name"] == "ha"
     assert {d["metadata"]["name"] for d in by_kind(docs, "CustomResourceDefinition")} == {
         "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+
+
+def test_standby_misconfigurations_are_refused_with_the_value_name():
+    assert "peering.enabled" in render_error({"peering": {"standby": {"enabled": True}}})
+    err = render_error({"peering": {"enabled": True, "priority": 5, "standby": {"enabled": True, "priority": 5}}})
+    assert "peering.standby.priority" in err
 
 
 # ---- RBAC ---------------------------------------------------------------------------------------
@@ -269,7 +296,7 @@ def test_metrics_service_and_servicemonitor_only_when_asked():
     svc_labels = one(docs, "Service", "-metrics")["metadata"]["labels"]
     assert all(svc_labels.get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
     off = render({"metrics": {"enabled": False}})
-    assert not by_kind(off, "Service") and "MESHPLAN_METRICS_PORT" not in json.dumps(off)
+    assert not by_kind(off, "Service") and "--metrics-port" not in json.dumps(off)
 
 
 # ---- pre-delete hook ---------------------------------------------------------------------------
@@ -320,10 +347,16 @@ def test_operator_args_parse_with_meshplan_run():
         pytest.skip("meshplan.commands.run is not written yet (controller, issue 5)")
     from meshplan.cli import build_parser
 
-    for values in ({}, {"watch": {"allNamespaces": False, "namespaces": ["a"]}, "peering": {"enabled": True}}):
+    for values in ({}, {"watch": {"allNamespaces": False, "namespaces": ["a", "b"]},
+                        "peering": {"enabled": True, "priority": 7}}):
         args = container(render(values), "Deployment")["args"]
         parsed = build_parser(args).parse_args(args)
         assert parsed.command == "run"
+        assert parsed.metrics_port == 8080 and parsed.liveness.endswith(":8081/healthz")
+        if values:
+            assert parsed.namespace == ["a", "b"] and parsed.peering == "meshplan" and parsed.priority == 7
+        else:
+            assert parsed.all_namespaces and parsed.standalone
 
 
 # ---- values, schema, docs --------------------------------------------------------------------------

@@ -61,9 +61,3 @@ def test_metrics_server_serves_the_registry_and_is_idempotent():
     assert "meshplan_reconciles_total{result=\"ok\"}" in body
     assert "meshplan_plan_duration_seconds_bucket" in body
 
-
-def test_metrics_port_comes_from_the_chart_env_or_defaults():
-    assert metrics.metrics_port_from_env({}) == metrics.DEFAULT_METRICS_PORT
-    assert metrics.metrics_port_from_env({"MESHPLAN_METRICS_PORT": "9100"}) == 9100
-    with pytest.raises(ValueError, match="MESHPLAN_METRICS_PORT"):
-        metrics.metrics_port_from_env({"MESHPLAN_METRICS_PORT": "http"})

@@ -12,8 +12,7 @@ API for the controller (all cheap, thread-safe, never raise):
     observe_reconcile(duration_s, ok)     one reconcile of one LLMDeployment
     observe_plan(duration_s)              one call of the pure planner
     count_scaling(direction, reason)      one DP-replica change decided by the autoscaler
-    start_metrics_server(port=None)       serve /metrics over HTTP; None = env MESHPLAN_METRICS_PORT
-                                          (set by the Helm chart), else 8080
+    start_metrics_server(port)            serve /metrics over HTTP (`meshplan run --metrics-port`)
 
 Metrics (exposed as `meshplan_*`):
 
@@ -29,9 +28,7 @@ second operator in the same process never collide with the default registry.
 
 from __future__ import annotations
 
-import os
 import threading
-from typing import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
@@ -45,8 +42,6 @@ RECONCILE_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 PLAN_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 SCALING_DIRECTIONS = ("up", "down")
-METRICS_PORT_ENV = "MESHPLAN_METRICS_PORT"
-DEFAULT_METRICS_PORT = 8080  # charts/meshplan/values.yaml metrics.port
 
 RECONCILES = Counter(
     "meshplan_reconciles", "LLMDeployment reconciles, by result.", ["result"], registry=REGISTRY)
@@ -95,32 +90,18 @@ def count_scaling(direction: str, reason: str) -> None:
     SCALING_DECISIONS.labels(direction=direction, reason=str(reason) or "Unknown").inc()
 
 
-def metrics_port_from_env(environ: Mapping[str, str] = os.environ) -> int:
-    """The port the Helm chart asks for (env `MESHPLAN_METRICS_PORT`), else 8080.
-
-    A value that is not a port number is a deployment mistake: ValueError names the variable.
-    """
-    raw = environ.get(METRICS_PORT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_METRICS_PORT
-    if not raw.isdigit() or not 0 <= int(raw) <= 65535:
-        raise ValueError(f"{METRICS_PORT_ENV}={raw!r} is not a TCP port: set it to 1-65535 (chart value metrics.port)")
-    return int(raw)
-
-
-def start_metrics_server(port: int | None = None, addr: str = "0.0.0.0") -> int:
+def start_metrics_server(port: int, addr: str = "0.0.0.0") -> int:
     """Serve `REGISTRY` at http://addr:port/metrics in a daemon thread; returns the port.
 
-    `port=None` takes `metrics_port_from_env()` (the chart sets
-    MESHPLAN_METRICS_PORT from `metrics.port`). Idempotent: a second call in
-    the same process returns the port already serving instead of failing with
-    "address in use". `port=0` picks a free port (tests).
+    `meshplan run --metrics-port PORT` calls it (the chart passes `metrics.port`).
+    Idempotent: a second call in the same process returns the port already
+    serving instead of failing with "address in use". `port=0` picks a free
+    port (tests).
     """
     global _server_port
     with _server_lock:
         if _server_port is not None:
             return _server_port
-        chosen = metrics_port_from_env() if port is None else int(port)
-        server, _thread = start_http_server(chosen, addr=addr, registry=REGISTRY)
+        server, _thread = start_http_server(int(port), addr=addr, registry=REGISTRY)
         _server_port = int(server.server_address[1])
         return _server_port
