@@ -46,7 +46,7 @@ from meshplan.planner.perf import PerfParams
 from meshplan.planner.types import Workload
 
 # Fitted by `python benchmarks/accuracy.py --fit` (see module docstring).
-FITTED_PARAMS = PerfParams(gemm_eff=0.2431, mem_eff=1, attn_eff=0.5097, moe_eff=0.6507, layer_us=50.51, iter_ms=0.1414, comm_eff=0.3449, comm_us=12.44, nic_us=24.76, ttft_base_ms=53.2, wave=0.03276, wave_prefill_first=0.1911, interference=0.3793)
+FITTED_PARAMS = PerfParams(gemm_eff=0.4934, mem_eff=0.9653, attn_eff=0.5835, moe_eff=0.7076, layer_us=49.56, iter_ms=0.231, comm_eff=0.5951, comm_us=11.88, nic_us=22.07, ttft_base_ms=39.7, ttft_iters=3.762, wave=0.07335, wave_prefill_first=0.3601, interference=1)
 
 MAX_MEMORY_FRACTION = 0.96             # highest memory fraction we assume an operator set
 
@@ -240,7 +240,7 @@ def load_scenarios(csv_path: str | Path, configs_dir: str | Path | None, *, mode
 # ---- fitting --------------------------------------------------------------------------
 
 FIT_NAMES = ("gemm_eff", "mem_eff", "attn_eff", "moe_eff", "layer_us", "iter_ms", "comm_eff", "comm_us",
-             "nic_us", "ttft_base_ms", "wave", "wave_prefill_first", "interference")
+             "nic_us", "ttft_base_ms", "ttft_iters", "wave", "wave_prefill_first", "interference")
 _CAPPED = {"gemm_eff", "mem_eff", "attn_eff", "moe_eff", "comm_eff", "wave", "wave_prefill_first", "interference"}
 TTFT_WEIGHT = 1.0
 

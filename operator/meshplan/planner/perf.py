@@ -74,6 +74,8 @@ class PerfParams:
     comm_us: float = 10.0        # latency per collective inside the NVLink domain (µs)
     nic_us: float = 40.0         # latency per collective that crosses the NIC (µs)
     ttft_base_ms: float = 30.0   # per-request fixed cost before the first token (HTTP, tokenise, schedule)
+    ttft_iters: float = 2.0      # engine iterations a request waits around its prefill (arrival mid-step,
+                                 # overlap scheduler, first sampled token)
     wave: float = 0.1            # share of the arrival wave's prefill a request waits for (mixed batches)
     wave_prefill_first: float = 0.5  # the same for prefill-first schedulers (SGLang's default)
     interference: float = 1.0    # share of others' prefill tokens that lands in decode iterations
@@ -397,7 +399,7 @@ def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: in
     prefill = n_iter * m.pp * (pf_stage + hop_ms)
     own = max(1.0, isl / chunk_free) * m.pp * (
         iteration_ms(model, st, m, q, d, ctx, min(isl, chunk_free), pctx) + hop_ms)
-    ttft = q.ttft_base_ms + prefill
+    ttft = q.ttft_base_ms + q.ttft_iters * tpot + prefill
     if B > b_run:
         service = prefill + osl * tpot
         ttft += service * (B / b_run - 1.0)
@@ -470,7 +472,7 @@ def predict_disagg(
         ranks = max(1, prefill_workers * pm.attn_dp)
         wave = q.wave_prefill_first if engine in PREFILL_FIRST_ENGINES else q.wave
         in_wave = max(0.0, concurrency / ranks / per_iter_reqs - 1.0)
-        ttft = q.ttft_base_ms + service_ms * (1.0 + wave * in_wave) + xfer_ms
+        ttft = q.ttft_base_ms + q.ttft_iters * tpot + service_ms * (1.0 + wave * in_wave) + xfer_ms
     else:
         ttft = concurrency / cap_per_s * 1e3 - osl * tpot
         notes.append("prefill workers are the bottleneck")
