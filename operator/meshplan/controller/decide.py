@@ -71,7 +71,8 @@ OWNED_STATUS_KEYS = ("observedGeneration", "conditions", "plan", "alternatives",
 
 # Seconds until the next reconcile when nothing else will trigger one.
 REQUEUE_WAITING_S = 10.0      # waiting for capacity or a plan: retry soon, cheaply
-REQUEUE_STEADY_S = 60.0       # periodic drift check
+REQUEUE_PROGRESSING_S = 30.0  # pods starting or a rollout: their events trigger reconciles; this is a backstop
+REQUEUE_STEADY_S = 120.0      # periodic drift check (child events catch most drift at once)
 
 
 # ----------------------------------------------------------------------------- live children
@@ -526,7 +527,8 @@ def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGr
         "desiredReplicas": R,
         "selector": _selector(inp.name),
     }
-    out.requeue_after_s = REQUEUE_WAITING_S if (short or stale or pending) else REQUEUE_STEADY_S
+    out.requeue_after_s = (REQUEUE_WAITING_S if short else
+                           REQUEUE_PROGRESSING_S if (stale or pending) else REQUEUE_STEADY_S)
     return status
 
 

@@ -39,6 +39,9 @@ log = logging.getLogger("meshplan.controller")
 
 GROUP, VERSION, PLURAL = "meshplan.dev", "v1alpha1", "llmdeployments"
 RETRY_AFTER_ERROR_S = 5.0
+# Child events come in bursts (pod created, gate removed, bound, running, ready within a
+# second or two): wait this long so one reconcile handles a burst.
+CHILD_EVENT_DELAY_S = 0.5
 
 AUTOSCALE_HOOK: Callable[[str, str], Awaitable[None]] | None = None
 
@@ -64,11 +67,16 @@ class State:
     pending: set = field(default_factory=set)
     timers: dict = field(default_factory=dict)
     tasks: list = field(default_factory=list)
+    last_reconciled: dict = field(default_factory=dict)     # key -> loop time of the last finished reconcile
     llmds_index: Any = None
     loop: asyncio.AbstractEventLoop | None = None
 
     def enqueue(self, key: tuple[str, str], delay_s: float | None = 0.0) -> None:
-        """Queue a reconcile of `key` now or after `delay_s`; safe from any thread."""
+        """Queue a reconcile of `key` now or after `delay_s`; safe from any thread.
+
+        Never postpones: an earlier scheduled run stays, so a stream of child events
+        (debounced by CHILD_EVENT_DELAY_S) cannot starve a key.
+        """
         loop = self.loop
         if self.queue is None or delay_s is None or loop is None:
             return
@@ -79,16 +87,23 @@ class State:
         if running is not loop:
             loop.call_soon_threadsafe(self.enqueue, key, delay_s)
             return
-        if delay_s > 0:
-            old = self.timers.pop(key, None)
-            if old is not None:
-                old.cancel()
-            self.timers[key] = loop.call_later(delay_s, self._enqueue_now, key)
-        else:
+        if key in self.pending:
+            return
+        if delay_s <= 0:
             self._enqueue_now(key)
+            return
+        when = loop.time() + delay_s
+        old = self.timers.get(key)
+        if old is not None:
+            if old.when() <= when:
+                return
+            old.cancel()
+        self.timers[key] = loop.call_at(when, self._enqueue_now, key)
 
     def _enqueue_now(self, key: tuple[str, str]) -> None:
-        self.timers.pop(key, None)
+        old = self.timers.pop(key, None)
+        if old is not None:
+            old.cancel()
         if key not in self.pending and self.queue is not None:
             self.pending.add(key)
             self.queue.put_nowait(key)
@@ -129,6 +144,7 @@ async def _worker() -> None:
         STATE.pending.discard(key)
         try:
             res = await STATE.reconciler.reconcile(*key)
+            STATE.last_reconciled[key] = asyncio.get_running_loop().time()
             STATE.enqueue(key, res.requeue_after_s)
         except kopf.TemporaryError as exc:
             STATE.enqueue(key, exc.delay or 1.0)
@@ -140,9 +156,14 @@ async def _worker() -> None:
 
 
 async def _resync() -> None:
+    """Queue every LLMDeployment not reconciled within the last `resync_s` (a safety net)."""
+    loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(OPTIONS.resync_s)
         for key in indexes.values(STATE.llmds_index, indexes.ALL_KEY):
+            key = tuple(key)
+            if loop.time() - STATE.last_reconciled.get(key, float("-inf")) < OPTIONS.resync_s:
+                continue
             if AUTOSCALE_HOOK is not None:
                 try:
                     await AUTOSCALE_HOOK(*key)
@@ -187,6 +208,7 @@ async def cleanup(**_: Any) -> None:
 async def reconcile_llmdeployment(namespace: str, name: str, **_: Any) -> None:
     assert STATE.reconciler is not None
     res = await STATE.reconciler.reconcile(namespace, name)
+    STATE.last_reconciled[(namespace, name)] = asyncio.get_running_loop().time()
     STATE.enqueue((namespace, name), res.requeue_after_s)
 
 
@@ -194,6 +216,7 @@ async def reconcile_llmdeployment(namespace: str, name: str, **_: Any) -> None:
 async def forget_deleted(type: str, namespace: str, name: str, uid: str, **_: Any) -> None:
     if type == "DELETED" and STATE.reconciler is not None:
         STATE.reconciler.forget(namespace, name, uid)
+        STATE.last_reconciled.pop((namespace, name), None)
 
 
 # ----------------------------------------------------------------------------- children
@@ -202,7 +225,7 @@ async def forget_deleted(type: str, namespace: str, name: str, uid: str, **_: An
 @kopf.on.event("pods", labels={LABEL_DEPLOYMENT: kopf.PRESENT})
 @kopf.on.event("services", labels={LABEL_DEPLOYMENT: kopf.PRESENT})
 async def child_changed(namespace: str, labels: kopf.Labels, **_: Any) -> None:
-    STATE.enqueue((namespace, labels[LABEL_DEPLOYMENT]))
+    STATE.enqueue((namespace, labels[LABEL_DEPLOYMENT]), CHILD_EVENT_DELAY_S)
 
 
 __all__ = ["AUTOSCALE_HOOK", "OPTIONS", "Options", "STATE"]

@@ -164,8 +164,7 @@ class Reconciler:
         pods = [p for p in pods if _owned_by(p, uid)]
         services = [s for s in services if _owned_by(s, uid)]
         cds = [c for c in cds if _owned_by(c, uid)]
-        topology = self.world.topology_without(namespace, name)
-        outcome = await asyncio.to_thread(self._decide, body, topology, pods, services, cds)
+        outcome = await asyncio.to_thread(self._decide_in_thread, namespace, name, body, pods, services, cds)
 
         for desired, live in outcome.apply:
             try:
@@ -179,8 +178,9 @@ class Reconciler:
         patch = status_patch(body.get("status"), outcome.status, OWNED_STATUS_KEYS)
         if patch:
             try:
-                await kube.patch_status(API_VERSION, KIND, namespace, name, patch,
-                                        resource_version=body["metadata"].get("resourceVersion"))
+                # No resourceVersion precondition: only this reconciler writes these keys (per-object
+                # lock), and kopf's own annotation writes would make every patch conflict.
+                await kube.patch_status(API_VERSION, KIND, namespace, name, patch)
             except ApiError as exc:
                 if exc.status == 409:
                     import kopf
@@ -191,6 +191,11 @@ class Reconciler:
         for type_, reason, message in outcome.events:
             await self._event(body, type_, reason, message)
         return Result(outcome.requeue_after_s, kube.writes - writes0, outcome)
+
+    def _decide_in_thread(self, namespace: str, name: str, body: Mapping[str, Any], pods: list, services: list,
+                          cds: list) -> Outcome:
+        # The topology is built here, not on the event loop: it walks every GPU node and pod.
+        return self._decide(body, self.world.topology_without(namespace, name), pods, services, cds)
 
     def _decide(self, body: Mapping[str, Any], topology: Topology, pods: list, services: list,
                 cds: list) -> Outcome:
