@@ -1,21 +1,34 @@
 """Calibration: the measured-run scenarios, their prediction, and the fitted global efficiencies.
 
 The performance model (`meshplan.planner.perf`) has a handful of GLOBAL
-physical parameters (`PerfParams`): GEMM and HBM efficiencies, an MoE
-grouped-GEMM factor, per-layer and per-iteration fixed costs, collective
-efficiency and latency, and the arrival-wave share of TTFT. planner.md reports
-that ~9 global parameters generalised best under leave-one-model-out, and
-per-GPU-family x engine factors overfit; we keep it that way: nothing here
-depends on the model, GPU family or engine.
+physical parameters (`PerfParams`, 14 fitted here):
 
-Fitting: minimise the mean absolute log error of TPOT plus half that of TTFT
-over the aggregated rows of `silicon_calibration.csv`, by Nelder-Mead in the
+- compute/memory: `gemm_eff` (share of dense tensor peak), `mem_eff` (share
+  of HBM bandwidth streaming weights), `attn_eff` (share of HBM bandwidth
+  reading the KV cache), `moe_eff` (grouped-GEMM factor on routed experts);
+- fixed costs: `layer_us` per layer per iteration, `iter_ms` per iteration;
+- communication: `comm_eff` (share of link bandwidth), `comm_us` / `nic_us`
+  (latency per collective inside the NVLink domain / across the NIC);
+- serving: `ttft_base_ms` + `ttft_iters` (fixed and per-iteration waits of a
+  request around its prefill), `wave` / `wave_prefill_first` (share of the
+  arrival wave's prefill a request waits for, mixed vs prefill-first
+  schedulers), `interference` (share of others' prefill landing in decode steps).
+
+planner.md reports that ~9 global parameters generalised best under
+leave-one-model-out and that per-GPU-family x engine factors overfit. Nothing
+here depends on the model, the GPU or the engine, except that SGLang is known
+to schedule prefill first (`perf.PREFILL_FIRST_ENGINES`), a scheduling rule
+rather than a fitted factor.
+
+Fitting: minimise the mean absolute log error of TPOT plus that of TTFT
+over all rows of `silicon_calibration.csv` (agg and disagg), by Nelder-Mead in the
 log of each parameter (pure Python; no scipy), starting from `PerfParams()`'s
-physical guesses and clamping efficiencies to (0, 1].
+physical guesses and clamping efficiencies and shares to (0, 1]; a second
+Nelder-Mead restarts from the best point with a fresh, smaller simplex.
 
 `FITTED_PARAMS` below was produced by
 
-    python benchmarks/accuracy.py --fit
+    python benchmarks/accuracy.py --fit --iters 500
 
 on ../shared/data/calibration/silicon_calibration.csv (all models); the
 leave-one-model-out figures of the same procedure are printed by

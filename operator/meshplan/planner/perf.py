@@ -397,8 +397,9 @@ def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: in
     p_iter = min(tokens, chunk_free)
     pf_stage = iteration_ms(model, st, m, q, d, ctx, p_iter, pctx)
     prefill = n_iter * m.pp * (pf_stage + hop_ms)
-    own = max(1.0, isl / chunk_free) * m.pp * (
-        iteration_ms(model, st, m, q, d, ctx, min(isl, chunk_free), pctx) + hop_ms)
+    p_own = min(isl, chunk_free)
+    own_stage = pf_stage if p_own == p_iter else iteration_ms(model, st, m, q, d, ctx, p_own, pctx)
+    own = max(1.0, isl / chunk_free) * m.pp * (own_stage + hop_ms)
     ttft = q.ttft_base_ms + q.ttft_iters * tpot + prefill
     if B > b_run:
         service = prefill + osl * tpot
