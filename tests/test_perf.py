@@ -144,3 +144,33 @@ def test_fitted_parameters_are_physical():
         assert v > 0, name
         if name.endswith("_eff") or name.startswith("wave") or name == "interference":
             assert v <= 1.0, name
+
+
+def test_nelder_mead_finds_a_quadratic_minimum():
+    from meshplan.planner.calibration import nelder_mead
+
+    best, val = nelder_mead(lambda x: (x[0] - 1.5) ** 2 + 3 * (x[1] + 0.5) ** 2, [0.0, 0.0], iters=400)
+    assert best[0] == pytest.approx(1.5, abs=1e-2) and best[1] == pytest.approx(-0.5, abs=1e-2)
+    assert val < 1e-3
+
+
+def test_fit_recovers_synthetic_measurements():
+    from meshplan.planner import calibration as cal
+
+    truth = perf.PerfParams().with_values(gemm_eff=0.45, mem_eff=0.7, layer_us=30.0, ttft_base_ms=50.0)
+    scenarios = []
+    for conc in (1, 8, 64):
+        for isl in (1024, 8192):
+            for tp in (1, 4):
+                sc = cal.Scenario(id=f"s{conc}-{isl}-{tp}", model=LLAMA70, model_key="llama", gpu=H100,
+                                  engine="vllm", weight_dtype="fp8", kv_dtype="fp8", isl=isl, osl=512,
+                                  concurrency=conc, mapping=ReplicaMapping(attn_tp=tp, moe_tp=tp))
+                try:
+                    ttft, tpot = cal.predict_scenario(sc, truth)
+                except ValueError:
+                    continue
+                scenarios.append(dataclasses.replace(sc, measured_ttft_ms=ttft, measured_tpot_ms=tpot))
+    start = perf.PerfParams()
+    fitted = cal.fit(scenarios, base=start, iters=150)
+    assert cal.loss(scenarios, fitted) < 0.25 * cal.loss(scenarios, start)
+    assert cal.loss(scenarios, fitted, ttft_weight=0.0) < 0.03  # TPOT within ~3% on average

@@ -325,16 +325,6 @@ def nelder_mead(f, x0: list[float], step: float = 0.3, iters: int = 300, tol: fl
     return simplex[i], values[i]
 
 
-def fit_joint(scenarios: list[Scenario], base: PerfParams | None = None, iters: int = 300) -> PerfParams:
-    """Fit the global parameters to `scenarios` (see module docstring)."""
-    base = base or PerfParams()
-    x0 = [math.log(getattr(base, n)) for n in FIT_NAMES]
-    f = lambda x: loss(scenarios, _make(x, base))  # noqa: E731
-    best, _ = nelder_mead(f, x0, iters=iters)
-    best, _ = nelder_mead(f, best, step=0.1, iters=iters // 2)  # restart: fresh simplex
-    return _make(best, base)
-
-
 # parameters that only move TTFT (fitted in the second stage of `fit`)
 TTFT_ONLY = ("ttft_base_ms", "ttft_iters", "wave", "wave_prefill_first")
 
