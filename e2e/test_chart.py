@@ -31,6 +31,7 @@ sharing the cluster are unaffected.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import os
 import re
@@ -47,10 +48,15 @@ import yaml
 
 pytestmark = pytest.mark.e2e
 
+_spec = importlib.util.spec_from_file_location("chart_credentials", Path(__file__).with_name("chart_credentials.py"))
+chart_credentials = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(chart_credentials)
+token_kubeconfig = chart_credentials.token_kubeconfig
+
 REPO = Path(__file__).resolve().parent.parent
-CHART = REPO / "charts" / "meshplan"
+CHART = chart_credentials.CHART
 GOLDEN = Path(__file__).resolve().parent / "golden" / "chart-sa-can-i.txt"
-KUBE_VERSION = "1.36.3"  # a go-built helm defaults to an old kube version
+KUBE_VERSION = chart_credentials.KUBE_VERSION
 EXAMPLE = REPO / "examples" / "llama-3.1-8b-1gpu.yaml"
 CLEANUP_TIMEOUT_S = 30   # chart value cleanup.timeoutSeconds for this release (default 300)
 
@@ -83,22 +89,6 @@ class Helm:
         if check and proc.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
         return proc
-
-
-def token_kubeconfig(cluster, sa: str, namespace: str, path: Path) -> Path:
-    """A kubeconfig that authenticates as ServiceAccount `namespace/sa` with a TokenRequest token."""
-    token = cluster.kubectl("create", "token", sa, "-n", namespace, "--duration=3600s").stdout.strip()
-    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
-    server = admin["clusters"][0]["cluster"]
-    cfg = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-        "clusters": [{"name": "dev", "cluster": server}],
-        "users": [{"name": sa, "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": sa, "namespace": namespace}}],
-    }
-    path.write_text(yaml.safe_dump(cfg))
-    path.chmod(0o600)
-    return path
 
 
 def kubectl_as(cluster, kubeconfig: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -256,7 +246,6 @@ def _operator_argv(cluster, release, liveness_port: int, metrics_port: int) -> l
 @pytest.fixture(scope="module")
 def operator(cluster, release):
     """`meshplan run` with the Deployment's args and the chart ServiceAccount's token."""
-    import importlib.util
     if importlib.util.find_spec("meshplan.commands.run") is None:
         pytest.skip("meshplan.commands.run (the kopf operator, issue 5) is not written yet")
     kcfg = token_kubeconfig(cluster, release["fullname"], release["ns"], release["tmp"] / "operator-run.kubeconfig")
