@@ -93,6 +93,8 @@ EXPECTED_WORKLOADS = (grants("meshplan.dev", ["llmdeployments"], READ + ["patch"
                       | grants("", ["pods", "services"], WRITE_CHILD)
                       | grants("", ["events"], ["create", "patch"]))
 PEERING_VERBS = READ + ["patch"]
+# a namespace-scoped operator lists GPU pods of every namespace (free GPUs are shared)
+FOREIGN_PODS = grants("", ["pods"], ["list"])
 
 
 # ---- lint and metadata ----------------------------------------------------------------------
@@ -161,6 +163,7 @@ def test_namespaced_watch_args_and_roles():
     for role in roles:
         assert rules_as_set(role["rules"]) == EXPECTED_WORKLOADS
     assert not [d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"].endswith("-workloads")]
+    assert rules_as_set(one(docs, "ClusterRole", "-cluster")["rules"]) == EXPECTED_CLUSTER | FOREIGN_PODS
     bindings = [d for d in by_kind(docs, "RoleBinding") if d["metadata"]["name"].endswith("-workloads")]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for b in bindings:

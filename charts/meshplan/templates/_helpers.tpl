@@ -111,6 +111,14 @@ ClusterRole when watching all namespaces, else in one Role per watched namespace
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
+{{- if not .Values.watch.allNamespaces }}
+# A namespace-scoped operator still shares nodes with every namespace: it lists
+# GPU-holding pods cluster-wide to know the free GPUs (controller/reconcile.py,
+# ForeignUsage). List only: no watch, no get, no write outside its namespaces.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+{{- end }}
 {{- if and .Values.peering.enabled .Values.watch.allNamespaces }}
 # kopf peering of a cluster-wide operator: keep-alives in the ClusterKopfPeering status.
 - apiGroups: ["kopf.dev"]
