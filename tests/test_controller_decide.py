@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import yaml
@@ -252,3 +252,23 @@ def test_zero_replicas_is_not_available(replicas):
     converge(sim, model, replicas=replicas)
     assert not sim.pods()
     assert sim.condition("Available")["status"] == "False"
+
+
+def test_group_the_scheduler_cannot_bind_is_placed_again_after_the_grace_period():
+    sim, model = Sim("hgx-h100"), llmd("NVIDIA-H100-80GB-HBM3", tensor=8, replicas=1)
+    sim.step(model)
+    sim.step(model)                      # released
+    pod = sim.objects[("Pod", "llama-r0-0")]
+    pod["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": "2025-12-31T23:59:30Z"}]}
+    pod["spec"]["schedulingGates"] = []
+    topo = sim.topology()
+    plan = plan_for_spec(model.spec, topo.to_fleet())
+    common = dict(name="llama", namespace="ns", uid="u-1", generation=1, desired_replicas=1, topology=topo,
+                  pods=[pod], services=sim.services(), target=target_for(model.spec, plan, topo),
+                  previous_status=sim.previous_status)
+    young = decide(Inputs(now=NOW, **common))            # 30 s unschedulable: wait
+    assert not young.delete
+    old = decide(Inputs(now=NOW + timedelta(seconds=60), **common))
+    assert [d[2] for d in old.delete] == ["llama-r0-0"]
+    assert any(e[1] == "ReplicaRestarted" and "unschedulable" in e[2] for e in old.events)

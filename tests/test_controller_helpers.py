@@ -75,3 +75,16 @@ def test_plan_key_ignores_replicas_but_not_the_model_or_the_fleet_shape():
     nodes = fleet_nodes(load_fleet("hgx-h100"))
     nodes[0].setdefault("spec", {})["unschedulable"] = True
     assert plan_key(_spec(), build_topology(nodes, ready_if_unknown=True)) != base
+
+
+def test_foreign_usage_counts_only_gpu_pods_outside_the_served_namespaces():
+    from meshplan.controller.reconcile import ForeignUsage
+
+    def pod(ns, node, gpus, phase="Running"):
+        return {"metadata": {"namespace": ns, "name": "p"}, "spec": {"nodeName": node, "containers": [
+            {"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}, "status": {"phase": phase}}
+
+    f = ForeignUsage(("mp-op-*", "team-a"))
+    f.update([pod("mp-op-x", "n1", 8), pod("team-a", "n1", 2), pod("other", "n2", 4), pod("other", "n3", 0),
+              pod("done", "n4", 8, phase="Succeeded")])
+    assert f.by_node == [("n2", 4)]

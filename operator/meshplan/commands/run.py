@@ -5,10 +5,10 @@
     meshplan run --all-namespaces --peering meshplan --priority 100 --liveness http://0.0.0.0:8080/healthz
 
 Scope: `--namespace` (repeatable, globs allowed) watches LLMDeployments and
-their pods there; `--all-namespaces` watches the whole cluster. GPU usage is
-learnt from the pods the operator watches, so a namespaced operator sees only
-its namespaces' GPU pods (plus Nodes, which are cluster-wide): run it
-cluster-wide where other workloads share the GPUs.
+their pods there; `--all-namespaces` watches the whole cluster. GPU usage comes
+from the pod watch; a namespace-scoped operator also lists the GPU pods of the
+other namespaces every `--foreign-usage-seconds` (one LIST per period), since
+the nodes' GPUs are shared with them.
 
 `--peering NAME` makes replicas of the operator coordinate through kopf's
 peering objects (only the highest priority acts); without it the operator runs
@@ -36,6 +36,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--liveness", metavar="URL", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     p.add_argument("--resync-seconds", type=float, default=60.0, help="re-check every LLMDeployment this often")
+    p.add_argument("--foreign-usage-seconds", type=float, default=15.0,
+                   help="namespace-scoped: how often to list GPU pods of other namespaces")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--verbose", "-v", action="store_true")
     p.set_defaults(func=run)
@@ -51,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     from meshplan.controller import handlers
 
     handlers.OPTIONS.kubeconfig = os.environ.get("KUBECONFIG") if args.kubeconfig else None
+    handlers.OPTIONS.namespaces = tuple(args.namespace or ())
+    handlers.OPTIONS.foreign_usage_s = args.foreign_usage_seconds
     handlers.OPTIONS.peering = args.peering
     handlers.OPTIONS.priority = args.priority
     handlers.OPTIONS.resync_s = args.resync_seconds

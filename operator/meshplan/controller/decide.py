@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
 from meshplan.controller import status as st
@@ -72,7 +72,10 @@ OWNED_STATUS_KEYS = ("observedGeneration", "conditions", "plan", "alternatives",
 # Seconds until the next reconcile when nothing else will trigger one.
 REQUEUE_WAITING_S = 10.0      # waiting for capacity or a plan: retry soon, cheaply
 REQUEUE_PROGRESSING_S = 30.0  # pods starting or a rollout: their events trigger reconciles; this is a backstop
-REQUEUE_STEADY_S = 120.0      # periodic drift check (child events catch most drift at once)
+REQUEUE_STEADY_S = 120.0
+# A released group whose pod the scheduler cannot bind this long (the GPUs were taken by
+# something placement did not know of) is placed again whole.
+UNSCHEDULABLE_GRACE_S = 60.0      # periodic drift check (child events catch most drift at once)
 
 
 # ----------------------------------------------------------------------------- live children
@@ -93,6 +96,7 @@ class LivePod:
     gpus: int
     group_size: int           # pods in its group when it was rendered (MESHPLAN_NNODES)
     obj: Mapping[str, Any]
+    unschedulable_since: str | None = None    # PodScheduled=False/Unschedulable since (RFC 3339)
 
 
 @dataclass(frozen=True)
@@ -153,12 +157,15 @@ def live_pod(obj: Mapping[str, Any]) -> LivePod | None:
         for e in c.get("env") or []:
             if e.get("name") == "MESHPLAN_NNODES":
                 size = max(size, _int(e.get("value"), 1))
+    unsched = next((c.get("lastTransitionTime") or "" for c in status.get("conditions") or []
+                    if c.get("type") == "PodScheduled" and c.get("status") == "False"
+                    and c.get("reason") == "Unschedulable"), None)
     return LivePod(
         name=meta.get("name", ""), uid=meta.get("uid", ""), replica=replica, rank=rank,
         plan_hash=labels.get(LABEL_PLAN_HASH, ""), node=node,
         gated=any(g.get("name") == GANG_GATE for g in spec.get("schedulingGates") or []),
         ready=ready and not finished, finished=finished, terminating=bool(meta.get("deletionTimestamp")),
-        gpus=pod_gpus(obj), group_size=size, obj=obj,
+        gpus=pod_gpus(obj), group_size=size, obj=obj, unschedulable_since=unsched,
     )
 
 
@@ -268,6 +275,16 @@ def _no_plan(inp: Inputs, groups: Mapping[int, LiveGroup]) -> Outcome:
     return out
 
 
+def _age_s(rfc3339: str, now: datetime) -> float:
+    try:
+        t = datetime.strptime(rfc3339, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return 0.0
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=timezone.utc)
+    return (now - t).total_seconds()
+
+
 def _lowest_free(used: set[int], n: int) -> list[int]:
     out, i = [], 0
     while len(out) < n:
@@ -306,6 +323,15 @@ def decide(inp: Inputs) -> Outcome:
     for i, g in list(current.items()):
         if g.any_released and not g.complete(n_pods):
             out.delete_group(g)
+            restarted.append(i)
+            del current[i]
+    # A released group the scheduler cannot bind: our view of free GPUs was wrong; place it again.
+    unschedulable: list[int] = []
+    for i, g in list(current.items()):
+        since = [p.unschedulable_since for p in g.pods.values() if p.unschedulable_since is not None]
+        if g.released and since and _age_s(min(since), inp.now) >= UNSCHEDULABLE_GRACE_S:
+            out.delete_group(g)
+            unschedulable.append(i)
             restarted.append(i)
             del current[i]
     # Stale groups that are broken serve nobody either: remove them now.
@@ -428,7 +454,7 @@ def decide(inp: Inputs) -> Outcome:
                                    f" ({', '.join(r.nodes)})"))
     # Services and ComputeDomains of groups whose pods still exist stay (stale groups keep serving).
     pods_left = {i for i, g in groups.items()
-                 if any(p.name not in {d[2] for d in out.delete} for p in g.pods.values())}
+                 if any(p.name not in {d[2] for d in out.delete} for p in g.pods.values())} | set(restarted)
     for svc_name, svc in live_svcs.items():
         if svc_name not in wanted_svcs and _int(((svc.get("metadata") or {}).get("labels") or {}).get(
                 LABEL_REPLICA)) not in pods_left:
@@ -439,8 +465,10 @@ def decide(inp: Inputs) -> Outcome:
             out.delete.append((cd.get("apiVersion", ""), "ComputeDomain", cd_name,
                                (cd.get("metadata") or {}).get("uid", "")))
     for i in restarted:
-        out.events.append(("Warning", "ReplicaRestarted",
-                           f"replica {i} lost a pod after it was released: the whole group is restarted"))
+        why = (f"a pod stayed unschedulable for {UNSCHEDULABLE_GRACE_S:.0f}s (its GPUs are used by something "
+               "else): the whole group is placed again") if i in unschedulable else \
+            "lost a pod after it was released: the whole group is restarted"
+        out.events.append(("Warning", "ReplicaRestarted", f"replica {i} {why}"))
     for i in moved:
         out.events.append(("Warning", "ReplicaMoved",
                            f"replica {i} cannot keep its nodes ({'; '.join(placement.notes) or 'nodes changed'}): "

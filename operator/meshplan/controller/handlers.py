@@ -32,7 +32,7 @@ import kopf
 from meshplan.controller import indexes
 from meshplan.controller import settings as operator_settings
 from meshplan.controller.kube import Kube, load_credentials
-from meshplan.controller.reconcile import Reconciler, World
+from meshplan.controller.reconcile import ForeignUsage, Reconciler, World
 from meshplan.render.workloads import LABEL_DEPLOYMENT
 
 log = logging.getLogger("meshplan.controller")
@@ -51,6 +51,8 @@ class Options:
     """Set by `meshplan run` before kopf starts."""
 
     kubeconfig: str | None = None
+    namespaces: tuple[str, ...] = ()          # empty: cluster-wide
+    foreign_usage_s: float = 15.0
     peering: str | None = None
     priority: int = 0
     resync_s: float = 60.0
@@ -179,6 +181,10 @@ async def startup(settings: kopf.OperatorSettings, gpu_nodes: kopf.Index, gpu_po
     kube = Kube(load_credentials(OPTIONS.kubeconfig))
     world = World(nodes=lambda: indexes.values(gpu_nodes, indexes.NODES_KEY),
                   usage=lambda: indexes.values(gpu_pods, indexes.USAGE_KEY))
+    foreign = None
+    if OPTIONS.namespaces:
+        foreign = ForeignUsage(tuple(OPTIONS.namespaces), OPTIONS.foreign_usage_s)
+        world.foreign = lambda: foreign.by_node
     STATE.reconciler = Reconciler(kube, world)
     STATE.queue = asyncio.Queue()
     STATE.loop = asyncio.get_running_loop()
@@ -186,6 +192,8 @@ async def startup(settings: kopf.OperatorSettings, gpu_nodes: kopf.Index, gpu_po
     indexes.on_capacity_change = STATE.enqueue_all
     STATE.tasks = [asyncio.create_task(_worker()) for _ in range(OPTIONS.workers)]
     STATE.tasks.append(asyncio.create_task(_resync()))
+    if foreign is not None:
+        STATE.tasks.append(asyncio.create_task(foreign.run(kube)))
 
 
 @kopf.on.cleanup()

@@ -27,7 +27,8 @@ class OperatorProcess:
 
     def start(self, timeout_s: float = 60.0) -> "OperatorProcess":
         argv = [sys.executable, "-m", "meshplan.cli", "run", "--kubeconfig", self.kubeconfig,
-                "--resync-seconds", str(self.resync_s), *self.extra]
+                "--resync-seconds", str(self.resync_s),
+                "--foreign-usage-seconds", str(min(self.resync_s, 15.0)), *self.extra]
         for ns in self.namespaces:
             argv += ["--namespace", ns]
         log = open(self.log_path, "ab")

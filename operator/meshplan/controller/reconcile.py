@@ -99,15 +99,62 @@ def _capacity_message(spec: Any, topology: Topology, reason: str) -> tuple[str, 
 
 @dataclass
 class World:
-    """What the kopf indexes hold: GPU node infos and (namespace, deployment, node, GPUs) per pod."""
+    """What the kopf indexes hold: GPU node infos and (namespace, deployment, node, GPUs) per pod,
+    plus, for a namespace-scoped operator, the GPU pods of the other namespaces (`ForeignUsage`)."""
 
     nodes: Callable[[], Iterable[NodeInfo]] = lambda: ()
     usage: Callable[[], Iterable[tuple[str, str | None, str, int]]] = lambda: ()
+    foreign: Callable[[], Iterable[tuple[str, int]]] = lambda: ()
 
     def topology_without(self, namespace: str, name: str) -> Topology:
         own = (namespace, name)
-        return build_topology_from_infos(
-            list(self.nodes()), [(node, g) for ns, dep, node, g in self.usage() if (ns, dep) != own])
+        used = [(node, g) for ns, dep, node, g in self.usage() if (ns, dep) != own]
+        return build_topology_from_infos(list(self.nodes()), used + list(self.foreign()))
+
+
+@dataclass
+class ForeignUsage:
+    """GPUs held by pods in namespaces a namespace-scoped operator does not watch.
+
+    kopf watches pods only in the served namespaces, but the GPUs of a node are
+    shared with every namespace. Where the operator is scoped, one background
+    task lists GPU-holding pods of the whole cluster every `period_s` (one LIST
+    per period, not per reconcile) and keeps those outside the served namespaces.
+    Cluster-wide operators do not need it: their pod index already sees every pod.
+    """
+
+    served: tuple[str, ...]                    # namespace globs
+    period_s: float = 15.0
+    by_node: list[tuple[str, int]] = field(default_factory=list)
+
+    def served_namespace(self, namespace: str) -> bool:
+        from fnmatch import fnmatchcase
+
+        return any(fnmatchcase(namespace, g) for g in self.served)
+
+    def update(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        from meshplan.topology import pod_gpu_usage
+
+        out = []
+        for p in pods:
+            if self.served_namespace((p.get("metadata") or {}).get("namespace", "")):
+                continue
+            u = pod_gpu_usage(p)
+            if u is not None:
+                out.append(u)
+        self.by_node = out
+
+    async def run(self, kube: Kube) -> None:
+        while True:
+            try:
+                doc = await kube.request("GET", "/api/v1/pods",
+                                         params={"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"})
+                await asyncio.to_thread(self.update, doc.get("items") or [])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep the last view; try again next period
+                log.warning("listing GPU pods of other namespaces failed: %s", exc)
+            await asyncio.sleep(self.period_s)
 
 
 @dataclass
@@ -281,4 +328,4 @@ def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return not uid or any(r.get("uid") == uid for r in refs)
 
 
-__all__ = ["Reconciler", "Result", "World", "desired_replicas", "plan_key"]
+__all__ = ["ForeignUsage", "Reconciler", "Result", "World", "desired_replicas", "plan_key"]
