@@ -300,9 +300,12 @@ def test_operator_reconciles_with_service_account_credentials(cluster, release, 
     for c in conds.values():
         assert c["status"] in ("True", "False", "Unknown") and c.get("reason"), c
     assert obj["status"].get("observedGeneration") == obj["metadata"]["generation"]
-    body = urllib.request.urlopen(f"http://127.0.0.1:{operator['metrics_port']}/metrics", timeout=5).read().decode()
-    ok = re.search(r'^meshplan_reconciles_total\{result="ok"\} ([0-9.e+]+)$', body, re.M)
-    assert ok and float(ok.group(1)) >= 1, "the reconcile was not counted on the chart's metrics port"
+    def reconciles_ok():  # counted when the reconcile returns, just after its status write
+        body = urllib.request.urlopen(f"http://127.0.0.1:{operator['metrics_port']}/metrics", timeout=5).read()
+        m = re.search(r'^meshplan_reconciles_total\{result="ok"\} ([0-9.e+]+)$', body.decode(), re.M)
+        return m and float(m.group(1)) >= 1
+
+    assert _wait(reconciles_ok, 30), "the reconcile was not counted on the chart's metrics port"
     forbidden = [line for line in operator["log"].read_text().splitlines() if " 403" in line or "Forbidden" in line]
     assert not forbidden, "the operator needed rights the chart does not grant:\n" + "\n".join(forbidden[:20])
 
