@@ -31,8 +31,9 @@ Algorithm (facts in ../shared/docs/planner.md, "Time" and "Communication"):
    - its own chunks: `ISL / chunk_free` iterations, each carrying the chunk plus
      the running decodes (chunk_free = chunk budget minus decode tokens);
    - the arrival WAVE: a closed-loop benchmark releases requests together, so a
-     request waits for a share (`wave`) of the others' prefill tokens in its wave
-     (a larger share, `wave_prefill_first`, under a prefill-first scheduler);
+     request waits for a share of the others' prefill tokens in its wave, set by
+     the scheduler's admission policy (`wave` whole-request admission as in
+     TensorRT-LLM, `wave_prefill_first` SGLang, `wave_budget_first` vLLM V1);
    - ADMISSION: when B exceeds the batch slots or the KV cache, the excess waits
      for running requests to finish (Little's law for a closed loop):
      `wait = service_time * (B / B_run - 1)`, service = prefill + OSL * TPOT.
@@ -78,6 +79,7 @@ class PerfParams:
                                  # overlap scheduler, first sampled token)
     wave: float = 0.1            # share of the arrival wave's prefill a request waits for (mixed batches)
     wave_prefill_first: float = 0.5  # the same for prefill-first schedulers (SGLang's default)
+    wave_budget_first: float = 0.1   # the same for vLLM V1 (fills each step's token budget with waiting prefills)
     interference: float = 1.0    # share of others' prefill tokens that lands in decode iterations
 
     def with_values(self, **kw) -> "PerfParams":
@@ -91,6 +93,18 @@ class PerfParams:
 # iterations (vLLM V1, TensorRT-LLM): a request arriving with others waits for
 # more of their prefill.
 PREFILL_FIRST_ENGINES = frozenset({"sglang"})
+# vLLM V1 schedules running decodes, then fills the rest of the step's token
+# budget with waiting requests' prefill chunks; TensorRT-LLM (default capacity
+# scheduler, overlap scheduler) admits whole requests and adds a step of delay.
+BUDGET_FIRST_ENGINES = frozenset({"vllm"})
+
+
+def _wave(q: "PerfParams", engine: str) -> float:
+    if engine in PREFILL_FIRST_ENGINES:
+        return q.wave_prefill_first
+    if engine in BUDGET_FIRST_ENGINES:
+        return q.wave_budget_first
+    return q.wave
 
 def engine_defaults(engine: str, gpu: GpuSpec) -> tuple[int, int]:
     """(chunk_size = max tokens per iteration, max_num_seqs) an engine uses when not told.
@@ -391,7 +405,7 @@ def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: in
     # prefill of one request: own chunks plus its share of the arrival wave
     chunk_free = max(chunk - d, chunk / 4.0)
     per_rank = max(1.0, b_run / ranks)
-    wave = q.wave_prefill_first if engine in PREFILL_FIRST_ENGINES else q.wave
+    wave = _wave(q, engine)
     tokens = isl * (1.0 + wave * (per_rank - 1.0))
     n_iter = max(1.0, tokens / chunk_free)
     p_iter = min(tokens, chunk_free)
@@ -471,7 +485,7 @@ def predict_disagg(
     if x < cap_per_s:
         # the arrival wave: requests released together queue at the prefill ranks
         ranks = max(1, prefill_workers * pm.attn_dp)
-        wave = q.wave_prefill_first if engine in PREFILL_FIRST_ENGINES else q.wave
+        wave = _wave(q, engine)
         in_wave = max(0.0, concurrency / ranks / per_iter_reqs - 1.0)
         ttft = q.ttft_base_ms + q.ttft_iters * tpot + service_ms * (1.0 + wave * in_wave) + xfer_ms
     else:
