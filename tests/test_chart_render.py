@@ -335,7 +335,11 @@ def test_cleanup_hook_command_parses():
     p = argparse.ArgumentParser()
     cleanup.add_arguments(p)
     args = p.parse_args(cmd[3:])
-    assert args.all_namespaces and args.timeout_seconds == 300 and args.remove_finalizers_on_timeout
+    assert args.all_namespaces and args.timeout_seconds == 180 and args.remove_finalizers_on_timeout
+    job = one(render(), "Job")
+    worst_case_s = args.timeout_seconds + cleanup.FINALIZER_GRACE_S
+    assert job["spec"]["activeDeadlineSeconds"] > worst_case_s
+    assert worst_case_s + 60 <= 300, "the hook would outlast helm uninstall's default --timeout (5m)"
 
 
 def test_cleanup_disabled_renders_no_hook():
