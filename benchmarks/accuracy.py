@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         pooled += ok
         pooled_failed += failed
     print("-" * 140)
-    summarise("ALL (held-out pooled)", pooled, len(items))
+    summarise("ALL (in-sample, committed)" if args.no_refit else "ALL (held-out pooled)", pooled, len(items))
     agg = [x for x in pooled if x[0].mapping is not None]
     n_agg = sum(1 for r, _, _ in items if (r.get("mode") or "agg") == "agg")
     if agg and n_agg != len(items):

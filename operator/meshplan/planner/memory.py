@@ -3,9 +3,11 @@
 The formulas (facts and sources in ../shared/docs/planner.md, "Memory"):
 
 - Weights per GPU of the fullest pipeline stage:
-  attention / attention-TP, dense FFN / attention-TP, routed experts /
-  (EP x MoE-TP), shared experts / attention-TP, all of it / PP, plus the
-  embedding and LM head (vocab-parallel over TP; on the first / last stage).
+  attention / attention-TP, routed experts / (EP x MoE-TP), shared experts /
+  attention-TP, dense FFN / the stage's GPUs, all of it / PP, plus the
+  embedding and LM head (vocab-parallel over the stage's GPUs; on the first /
+  last stage). With attention DP, engines gather tokens for the dense FFN and
+  the LM head and run them tensor-parallel over the whole stage.
   Bytes per parameter: bf16/fp16 2, fp8/int8 1, fp4/int4 0.5 plus block
   scales (NVFP4: one FP8 scale per 16 values = +0.0625 B; INT4 groups of 128
   with an FP16 scale = +0.0156 B). With 4-bit weights, attention and the
@@ -112,7 +114,10 @@ def weight_bytes_per_gpu(model: ModelArch, layout, weight_dtype: str) -> float:
     eb = WEIGHT_BYTES[_embed_dtype(weight_dtype)]
     L = model.num_layers
     per_layer_attn = model.attn_params_per_layer * ab / m.attn_tp
-    dense = model.dense_ffn_params_per_layer * model.dense_layers * wb / m.attn_tp
+    # dense FFN layers and the vocabulary tables are tensor-parallel over the whole stage
+    # (with attention DP, engines gather the tokens for them: SGLang, TensorRT-LLM)
+    stage = m.gpus_per_stage
+    dense = model.dense_ffn_params_per_layer * model.dense_layers * wb / stage
     experts = 0.0
     if model.is_moe:
         experts = model.moe_layers * (
@@ -121,7 +126,7 @@ def weight_bytes_per_gpu(model: ModelArch, layout, weight_dtype: str) -> float:
             + model.hidden_size * model.num_experts * 2.0  # router, bf16, replicated
         )
     body = (per_layer_attn * L + dense + experts) / m.pp
-    one_table = model.vocab_size * model.hidden_size * eb / m.attn_tp
+    one_table = model.vocab_size * model.hidden_size * eb / stage
     n_tables = 1 if model.tie_word_embeddings else 2
     emb = one_table * (n_tables if m.pp == 1 else 1)
     return body + emb
