@@ -23,7 +23,7 @@ scheduler's admission policy (`perf.PREFILL_FIRST_ENGINES`,
 `perf.BUDGET_FIRST_ENGINES`), which sets how much of the arrival wave a request
 waits for; leave-one-model-out keeps it honest (each held-out model's rows are
 predicted from the other models' rows of the same engines), and it lowered the
-held-out TTFT error from 46% to 43%.
+held-out TTFT error from 46% to 43-44%.
 
 Fitting (`fit`), in two stages over all rows of `silicon_calibration.csv`
 (agg and disagg): first the step-time parameters minimise the mean absolute
@@ -66,7 +66,7 @@ from meshplan.planner.perf import PerfParams
 from meshplan.planner.types import Workload
 
 # Fitted by `python benchmarks/accuracy.py --fit` (see module docstring).
-FITTED_PARAMS = PerfParams(gemm_eff=0.5162, mem_eff=0.748, attn_eff=0.5848, moe_eff=1, layer_us=43.32, iter_ms=0.04917, comm_eff=0.5155, comm_us=12.78, nic_us=25.17, ttft_base_ms=37.93, ttft_iters=4.646, wave=0.08955, wave_prefill_first=0.3459, wave_budget_first=0.04409, interference=1)
+FITTED_PARAMS = PerfParams(gemm_eff=0.5131, mem_eff=0.7557, attn_eff=0.5959, moe_eff=1, layer_us=45.91, iter_ms=0.01827, comm_eff=0.519, comm_us=12.13, nic_us=24.87, ttft_base_ms=38.18, ttft_iters=4.667, wave=0.08973, wave_prefill_first=0.3473, wave_budget_first=0.04242, interference=1)
 
 MAX_MEMORY_FRACTION = 0.96             # highest memory fraction we assume an operator set
 
