@@ -69,6 +69,19 @@ def _example(file: str, fleet: str, **spec: Any) -> dict[str, Any]:
     return m
 
 
+def _pinned(name: str, fleet: str, product: str, tensor: int, replicas: int, max_gpus: int) -> dict[str, Any]:
+    """The Llama-3.1-70B example with a pinned layout and no SLO: what these tests need is a
+    known GPU count per replica, not the planner's choice (which the planner's tests cover)."""
+    m = _example("llama-3.1-70b-hgx-h100.yaml", fleet, replicas=replicas, autoscaling={"enabled": False})
+    m["metadata"]["name"] = name
+    m["spec"].pop("slo", None)
+    m["spec"]["objective"] = "maxThroughput"
+    m["spec"]["model"] = {"name": "llama-3.1-70b"}
+    m["spec"]["parallelism"] = {"tensor": tensor, "pipeline": 1}
+    m["spec"]["gpus"] = {"products": [product], "maxGpus": max_gpus, "nodeSelector": {"meshplan.dev/fleet": fleet}}
+    return m
+
+
 def _apply(cluster, ns: str, manifest: dict[str, Any]) -> None:
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(manifest))
 
@@ -197,11 +210,7 @@ def test_example_becomes_available_on_one_nvlink_domain_per_replica(cluster, ns,
 
 def test_deleted_and_edited_children_are_restored(cluster, ns, operator):
     # TP8 on 4-GPU GB200 trays: two pods per replica, so a worker pod exists.
-    m = _example("llama-3.1-70b-hgx-h100.yaml", "gb200-nvl72", replicas=1,
-                 autoscaling={"enabled": False})
-    m["metadata"]["name"] = "drift"
-    m["spec"]["gpus"] = {"products": ["NVIDIA-GB200"], "maxGpus": 8, "nodeSelector": {"meshplan.dev/fleet": "gb200-nvl72"}}
-    m["spec"]["parallelism"] = {"tensor": 8, "pipeline": 1}
+    m = _pinned("drift", "gb200-nvl72", "NVIDIA-GB200", tensor=8, replicas=1, max_gpus=8)
     _apply(cluster, ns, m)
     _available(cluster, ns, "drift")
     worker = _get(cluster, ns, "pod", "drift-r0-1")
@@ -222,12 +231,8 @@ def test_deleted_and_edited_children_are_restored(cluster, ns, operator):
 
 
 def test_insufficient_capacity_reports_numbers_and_recovers_when_gpus_free_up(cluster, ns):
-    base = _example("llama-3.1-70b-hgx-h100.yaml", "hgx-h100", replicas=2, autoscaling={"enabled": False})
-    base["spec"]["parallelism"] = {"tensor": 8, "pipeline": 1}
-    base["spec"]["gpus"] = {"products": ["NVIDIA-H100-80GB-HBM3"], "maxGpus": 32,
-                            "nodeSelector": {"meshplan.dev/fleet": "hgx-h100"}}
+    base = _pinned("blocker", "hgx-h100", "NVIDIA-H100-80GB-HBM3", tensor=8, replicas=2, max_gpus=32)
     blocker = copy.deepcopy(base)
-    blocker["metadata"]["name"] = "blocker"
     _apply(cluster, ns, blocker)
     _available(cluster, ns, "blocker")
     big = copy.deepcopy(base)
@@ -249,12 +254,8 @@ def test_insufficient_capacity_reports_numbers_and_recovers_when_gpus_free_up(cl
 
 
 def test_model_change_rolls_groups_without_dropping_ready_replicas(cluster, ns):
-    m = _example("llama-3.1-70b-hgx-h100.yaml", "hgx-h100", replicas=2, autoscaling={"enabled": False})
-    m["metadata"]["name"] = "roll"
-    m["spec"]["model"] = {"name": "llama-3.1-70b"}     # servedName is immutable: let it follow the model
-    m["spec"]["parallelism"] = {"tensor": 8, "pipeline": 1}
-    m["spec"]["gpus"] = {"products": ["NVIDIA-H100-80GB-HBM3"], "maxGpus": 16,
-                         "nodeSelector": {"meshplan.dev/fleet": "hgx-h100"}}
+    # (no servedName: it is immutable; the served name follows the model)
+    m = _pinned("roll", "hgx-h100", "NVIDIA-H100-80GB-HBM3", tensor=8, replicas=2, max_gpus=16)
     _apply(cluster, ns, m)
     before = _available(cluster, ns, "roll")
     old_hashes = {p["metadata"]["labels"]["meshplan.dev/plan-hash"] for p in _pods(cluster, ns)}

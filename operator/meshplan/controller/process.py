@@ -29,6 +29,8 @@ class OperatorProcess:
         argv = [sys.executable, "-m", "meshplan.cli", "run", "--kubeconfig", self.kubeconfig,
                 "--resync-seconds", str(self.resync_s),
                 "--foreign-usage-seconds", str(min(self.resync_s, 15.0)), *self.extra]
+        if os.environ.get("MESHPLAN_OPERATOR_VERBOSE"):
+            argv.append("--verbose")
         for ns in self.namespaces:
             argv += ["--namespace", ns]
         log = open(self.log_path, "ab")
