@@ -2,9 +2,9 @@
 
 1. Rendered manifests (several value sets) pass the API server's validation
    (server-side dry run).
-2. `helm install` succeeds into a namespace that enforces the `restricted` Pod
-   Security Standard, and the operator pod is admitted (PSS is enforced when the
-   ReplicaSet creates the pod).
+2. `helm install` (with peering and the standby Deployment) succeeds into a
+   namespace that enforces the `restricted` Pod Security Standard, and both
+   operator pods are admitted (PSS is enforced when the ReplicaSet creates a pod).
 3. The chart's ServiceAccount, through a token from the TokenRequest API
    (`kubectl create token`), has exactly the rights in the committed snapshot
    e2e/golden/chart-sa-can-i.txt (`kubectl auth can-i --list`).
@@ -12,7 +12,8 @@
    ServiceAccount's token (not cluster-admin), reconciles an example
    LLMDeployment to status conditions.
 5. `helm uninstall` with live LLMDeployments (finalizer and owned children)
-   leaves no LLMDeployment and no child behind.
+   leaves no LLMDeployment and no child behind; the hook itself returns only
+   once the children are gone (foreground deletion).
 
 What kwok cannot do, and how this test deals with it: kwok does not run
 containers. The operator pod is only marked Running, and a Job's pod is
@@ -121,7 +122,8 @@ def release(cluster, helm, tmp_path_factory):
     peering_crds_exist = cluster.kubectl("get", "crd", "kopfpeerings.kopf.dev", check=False).returncode == 0
     values = {
         "watch": {"allNamespaces": False, "namespaces": [work]},
-        "peering": {"enabled": True, "name": "meshplan", "createCRDs": not peering_crds_exist},
+        "peering": {"enabled": True, "name": "meshplan", "createCRDs": not peering_crds_exist,
+                    "standby": {"enabled": True}},
         "cleanup": {"timeoutSeconds": CLEANUP_TIMEOUT_S},
     }
     vfile = tmp_path_factory.mktemp("chart") / "values.yaml"
@@ -176,10 +178,12 @@ def test_install_into_restricted_namespace(cluster, release):
     ns, full = release["ns"], release["fullname"]
     labels = _json(cluster, "get", "namespace", ns)["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
-    dep = _json(cluster, "get", "deployment", full, "-n", ns)
-    assert dep["status"].get("readyReplicas") == 1, dep["status"]
+    for name in (full, f"{full}-standby"):  # the active operator and its paused standby
+        dep = _json(cluster, "get", "deployment", name, "-n", ns)
+        assert dep["status"].get("readyReplicas") == 1, (name, dep["status"])
     pods = _json(cluster, "get", "pods", "-n", ns, "-l", f"app.kubernetes.io/instance={release['name']}")["items"]
-    assert len(pods) == 1 and pods[0]["status"]["phase"] == "Running"
+    assert sorted(p["metadata"]["labels"]["meshplan.dev/operator-role"] for p in pods) == ["primary", "standby"]
+    assert all(p["status"]["phase"] == "Running" for p in pods)
     # PSS admission ran on this pod: no events of a refused pod on the ReplicaSet
     events = _json(cluster, "get", "events", "-n", ns)["items"]
     assert not [e for e in events if "PodSecurity" in e.get("message", "")]
@@ -335,6 +339,12 @@ def _add_owned_children(cluster, ns: str, owner: dict) -> None:
                                                                       "items": children}))
 
 
+def _owned_children(cluster, ns: str) -> list[str]:
+    return [f"{o['kind']}/{o['metadata']['name']}" for kind in ("pods", "services")
+            for o in _json(cluster, "get", kind, "-n", ns)["items"]
+            if any(r.get("kind") == "LLMDeployment" for r in o["metadata"].get("ownerReferences", []))]
+
+
 def _hook_docs(helm, release) -> list[dict]:
     out = helm("get", "hooks", release["name"], "-n", release["ns"]).stdout
     return [d for d in yaml.safe_load_all(out) if d and d["metadata"].get("annotations", {}).get(
@@ -378,6 +388,8 @@ def test_uninstall_with_live_llmdeployments_leaves_nothing_behind(cluster, helm,
     assert "no LLMDeployment left" in hook.stdout
     assert "removing meshplan's finalizers" in hook.stdout and "uninstall-a" in hook.stdout
     assert time.monotonic() - t0 < CLEANUP_TIMEOUT_S + 90
+    # foreground deletion: an LLMDeployment is gone only after its children, so none is left already
+    assert _owned_children(cluster, work) == [], "the hook returned before the children were deleted"
 
     if operator is not None:  # helm now deletes the operator Deployment (and its ServiceAccount)
         operator["proc"].terminate()
@@ -387,13 +399,7 @@ def test_uninstall_with_live_llmdeployments_leaves_nothing_behind(cluster, helm,
 
     assert _json(cluster, "get", "llmdeployments", "-n", work)["items"] == []
 
-    def no_children():
-        left = [o for kind in ("pods", "services")
-                for o in _json(cluster, "get", kind, "-n", work)["items"]
-                if any(r.get("kind") == "LLMDeployment" for r in o["metadata"].get("ownerReferences", []))]
-        return not left
-
-    assert _wait(no_children, 60), "children of deleted LLMDeployments are still present"
+    assert _owned_children(cluster, work) == []
     # the release and its hook resources are gone too
     assert not _json(cluster, "get", "deployments,serviceaccounts,jobs", "-n", ns,
                      "-l", f"app.kubernetes.io/instance={release['name']}")["items"]
