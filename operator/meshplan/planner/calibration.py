@@ -9,8 +9,9 @@ physical parameters (`PerfParams`, 14 fitted here):
 - fixed costs: `layer_us` per layer per iteration, `iter_ms` per iteration;
 - communication: `comm_eff` (share of link bandwidth), `comm_us` / `nic_us`
   (latency per collective inside the NVLink domain / across the NIC);
-- serving: `ttft_base_ms` + `ttft_iters` (fixed and per-iteration waits of a
-  request around its prefill), `wave` / `wave_prefill_first` /
+- serving: `ttft_iters` (engine iterations a request waits around its
+  prefill; a fixed `ttft_base_ms` instead generalised worse: 44% vs 42%
+  held-out TTFT error), `wave` / `wave_prefill_first` /
   `wave_budget_first` (share of the arrival wave's prefill a request waits for
   under TensorRT-LLM's whole-request admission, SGLang's prefill-first and vLLM
   V1's token-budget scheduler), `interference` (share of others' prefill
@@ -66,7 +67,7 @@ from meshplan.planner.perf import PerfParams
 from meshplan.planner.types import Workload
 
 # Fitted by `python benchmarks/accuracy.py --fit` (see module docstring).
-FITTED_PARAMS = PerfParams(gemm_eff=0.5131, mem_eff=0.7557, attn_eff=0.5959, moe_eff=1, layer_us=45.91, iter_ms=0.01827, comm_eff=0.519, comm_us=12.13, nic_us=24.87, ttft_base_ms=38.18, ttft_iters=4.667, wave=0.08973, wave_prefill_first=0.3473, wave_budget_first=0.04242, interference=1)
+FITTED_PARAMS = PerfParams(gemm_eff=0.5131, mem_eff=0.7557, attn_eff=0.5959, moe_eff=1, layer_us=45.91, iter_ms=0.01827, comm_eff=0.519, comm_us=12.13, nic_us=24.87, ttft_iters=10.07, wave=0.07963, wave_prefill_first=0.324, wave_budget_first=0.03093, interference=1)
 
 MAX_MEMORY_FRACTION = 0.96             # highest memory fraction we assume an operator set
 
@@ -260,7 +261,7 @@ def load_scenarios(csv_path: str | Path, configs_dir: str | Path | None, *, mode
 # ---- fitting --------------------------------------------------------------------------
 
 FIT_NAMES = ("gemm_eff", "mem_eff", "attn_eff", "moe_eff", "layer_us", "iter_ms", "comm_eff", "comm_us",
-             "nic_us", "ttft_base_ms", "ttft_iters", "wave", "wave_prefill_first", "wave_budget_first",
+             "nic_us", "ttft_iters", "wave", "wave_prefill_first", "wave_budget_first",
              "interference")
 _CAPPED = {"gemm_eff", "mem_eff", "attn_eff", "moe_eff", "comm_eff", "wave", "wave_prefill_first",
            "wave_budget_first", "interference"}
@@ -333,7 +334,7 @@ def nelder_mead(f, x0: list[float], step: float = 0.3, iters: int = 300, tol: fl
 
 
 # parameters that only move TTFT (fitted in the second stage of `fit`)
-TTFT_ONLY = ("ttft_base_ms", "ttft_iters", "wave", "wave_prefill_first", "wave_budget_first")
+TTFT_ONLY = ("ttft_iters", "wave", "wave_prefill_first", "wave_budget_first")
 
 
 def fit(scenarios: list[Scenario], base: PerfParams | None = None, iters: int = 300) -> PerfParams:

@@ -74,7 +74,8 @@ class PerfParams:
     comm_eff: float = 0.7        # share of link bandwidth reached by collectives
     comm_us: float = 10.0        # latency per collective inside the NVLink domain (µs)
     nic_us: float = 40.0         # latency per collective that crosses the NIC (µs)
-    ttft_base_ms: float = 30.0   # per-request fixed cost before the first token (HTTP, tokenise, schedule)
+    ttft_base_ms: float = 0.0    # per-request fixed cost before the first token (HTTP, tokenise); not
+                                 # fitted: leave-one-model-out preferred waits in engine iterations
     ttft_iters: float = 2.0      # engine iterations a request waits around its prefill (arrival mid-step,
                                  # overlap scheduler, first sampled token)
     wave: float = 0.1            # share of the arrival wave's prefill a request waits for (mixed batches)
