@@ -10,7 +10,8 @@
    e2e/golden/chart-sa-can-i.txt (`kubectl auth can-i --list`).
 4. The operator, started with the Deployment's own arguments and only that
    ServiceAccount's token (not cluster-admin), reconciles an example
-   LLMDeployment to status conditions.
+   LLMDeployment to status conditions; the standby, started with the standby
+   Deployment's arguments, stays paused until the primary stops, then takes over.
 5. `helm uninstall` with live LLMDeployments (finalizer and owned children)
    leaves no LLMDeployment and no child behind; the hook itself returns only
    once the children are gone (foreground deletion).
@@ -246,45 +247,101 @@ def test_service_account_rights_match_the_snapshot(cluster, release):
 
 # ---- 4. the operator with the chart's credentials --------------------------------------------------
 
-def _operator_argv(cluster, release, liveness_port: int, metrics_port: int) -> list[str]:
-    dep = _json(cluster, "get", "deployment", release["fullname"], "-n", release["ns"])
-    args = list(dep["spec"]["template"]["spec"]["containers"][0]["args"])
-    i = args.index("--liveness")
-    args[i + 1] = f"http://127.0.0.1:{liveness_port}/healthz"
-    args[args.index("--metrics-port") + 1] = str(metrics_port)
-    return [str(Path(sys.executable).parent / "meshplan"), *args]
+class ChartOperator:
+    """`meshplan run` with one of the release's Deployments' args and the chart ServiceAccount's token.
+
+    Only the listen addresses change: liveness and metrics on free loopback ports.
+    """
+
+    def __init__(self, cluster, release, deployment: str, tag: str):
+        if importlib.util.find_spec("meshplan.commands.run") is None:
+            pytest.skip("meshplan.commands.run (the kopf operator, issue 5) is not written yet")
+        dep = _json(cluster, "get", "deployment", deployment, "-n", release["ns"])
+        args = list(dep["spec"]["template"]["spec"]["containers"][0]["args"])
+        self.liveness, self.metrics_port = _free_port(), _free_port()
+        args[args.index("--liveness") + 1] = f"http://127.0.0.1:{self.liveness}/healthz"
+        args[args.index("--metrics-port") + 1] = str(self.metrics_port)
+        self.args = args
+        kcfg = token_kubeconfig(cluster, release["fullname"], release["ns"], release["tmp"] / f"{tag}.kubeconfig")
+        self.log = release["tmp"] / f"{tag}.log"
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([str(Path(sys.executable).parent / "meshplan"), *args],
+                                         env={**os.environ, "KUBECONFIG": str(kcfg), "POD_ID": tag},
+                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        assert _wait(self._healthy, 60), f"{tag} never answered its liveness endpoint"
+
+    def _healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"operator exited {self.proc.returncode}:\n{self.tail()}")
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{self.liveness}/healthz", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def reconciles_ok(self) -> float:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        m = re.search(r'^meshplan_reconciles_total\{result="ok"\} ([0-9.e+]+)$', body, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    def forbidden(self) -> list[str]:
+        return [line for line in self.tail(10**7).splitlines() if " 403" in line or "Forbidden" in line]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def _planned(cluster, ns: str, name: str):
+    obj = _json(cluster, "get", "llmdeployment", name, "-n", ns)
+    conds = {c["type"]: c for c in obj.get("status", {}).get("conditions", [])}
+    return (obj, conds) if "Planned" in conds else None
+
+
+def test_standby_stays_paused_then_takes_over(cluster, release):
+    """The chart's standby (lower kopf peering priority) acts only once the primary stops.
+
+    Runs before the module's `operator` fixture starts: two operators with the
+    primary's priority would pause each other.
+    """
+    work = release["work"]
+    primary = ChartOperator(cluster, release, release["fullname"], "primary")
+    standby = ChartOperator(cluster, release, f"{release['fullname']}-standby", "standby")
+    try:
+        assert int(standby.args[standby.args.index("--priority") + 1]) < \
+            int(primary.args[primary.args.index("--priority") + 1])
+        first = _llmd("before-failover")
+        cluster.kubectl("apply", "-n", work, "-f", "-", input=json.dumps(first))
+        assert _wait(lambda: _planned(cluster, work, "before-failover"), 120, 1.0), primary.tail()
+        assert _wait(lambda: primary.reconciles_ok() >= 1, 30)
+        assert standby.reconciles_ok() == 0, "the standby reconciled while the primary was alive"
+
+        primary.stop()  # a pod deletion: SIGTERM, kopf leaves the peering
+        cluster.kubectl("apply", "-n", work, "-f", "-", input=json.dumps(_llmd("after-failover")))
+        assert _wait(lambda: _planned(cluster, work, "after-failover"), 90, 1.0), \
+            f"the standby never took over:\n{standby.tail()}"
+        assert standby.reconciles_ok() >= 1
+        assert not primary.forbidden() and not standby.forbidden()
+    finally:
+        primary.stop()
+        standby.stop()
+        cluster.kubectl("delete", "llmdeployment", "before-failover", "after-failover", "-n", work,
+                        "--ignore-not-found", "--wait=true", "--timeout=60s", check=False)
 
 
 @pytest.fixture(scope="module")
 def operator(cluster, release):
-    """`meshplan run` with the Deployment's args and the chart ServiceAccount's token."""
-    if importlib.util.find_spec("meshplan.commands.run") is None:
-        pytest.skip("meshplan.commands.run (the kopf operator, issue 5) is not written yet")
-    kcfg = token_kubeconfig(cluster, release["fullname"], release["ns"], release["tmp"] / "operator-run.kubeconfig")
-    liveness, metrics_port = _free_port(), _free_port()
-    log = open(release["tmp"] / "operator.log", "w")
-    env = {**os.environ, "KUBECONFIG": str(kcfg), "POD_ID": f"e2e-chart-{release['name']}"}
-    proc = subprocess.Popen(_operator_argv(cluster, release, liveness, metrics_port), env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-    def healthy():
-        if proc.poll() is not None:
-            raise AssertionError(f"operator exited {proc.returncode}:\n"
-                                 f"{(release['tmp'] / 'operator.log').read_text()[-4000:]}")
-        try:
-            return urllib.request.urlopen(f"http://127.0.0.1:{liveness}/healthz", timeout=2).status == 200
-        except OSError:
-            return False
-
-    assert _wait(healthy, 60), "operator never answered its liveness endpoint"
-    yield {"proc": proc, "log": release["tmp"] / "operator.log", "metrics_port": metrics_port}
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    log.close()
+    """The primary operator, running from here to the uninstall test."""
+    op = ChartOperator(cluster, release, release["fullname"], "operator")
+    yield op
+    op.stop()
 
 
 def test_operator_reconciles_with_service_account_credentials(cluster, release, operator):
@@ -292,25 +349,15 @@ def test_operator_reconciles_with_service_account_credentials(cluster, release, 
     cluster.kubectl("create", "secret", "generic", "hf-token", "-n", work, "--from-literal=token=hf_e2e")
     cluster.kubectl("apply", "-n", work, "-f", str(EXAMPLE))
     name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
-
-    def conditions():
-        obj = _json(cluster, "get", "llmdeployment", name, "-n", work)
-        conds = {c["type"]: c for c in obj.get("status", {}).get("conditions", [])}
-        return (obj, conds) if "Planned" in conds else None
-
-    got = _wait(conditions, 120, 1.0)
-    assert got, f"no Planned condition; operator log:\n{operator['log'].read_text()[-4000:]}"
+    got = _wait(lambda: _planned(cluster, work, name), 120, 1.0)
+    assert got, f"no Planned condition; operator log:\n{operator.tail()}"
     obj, conds = got
     for c in conds.values():
         assert c["status"] in ("True", "False", "Unknown") and c.get("reason"), c
     assert obj["status"].get("observedGeneration") == obj["metadata"]["generation"]
-    def reconciles_ok():  # counted when the reconcile returns, just after its status write
-        body = urllib.request.urlopen(f"http://127.0.0.1:{operator['metrics_port']}/metrics", timeout=5).read()
-        m = re.search(r'^meshplan_reconciles_total\{result="ok"\} ([0-9.e+]+)$', body.decode(), re.M)
-        return m and float(m.group(1)) >= 1
-
-    assert _wait(reconciles_ok, 30), "the reconcile was not counted on the chart's metrics port"
-    forbidden = [line for line in operator["log"].read_text().splitlines() if " 403" in line or "Forbidden" in line]
+    # counted when the reconcile returns, just after its status write
+    assert _wait(lambda: operator.reconciles_ok() >= 1, 30), "the reconcile was not counted on the metrics port"
+    forbidden = operator.forbidden()
     assert not forbidden, "the operator needed rights the chart does not grant:\n" + "\n".join(forbidden[:20])
 
 
@@ -392,8 +439,7 @@ def test_uninstall_with_live_llmdeployments_leaves_nothing_behind(cluster, helm,
     assert _owned_children(cluster, work) == [], "the hook returned before the children were deleted"
 
     if operator is not None:  # helm now deletes the operator Deployment (and its ServiceAccount)
-        operator["proc"].terminate()
-        operator["proc"].wait(30)
+        operator.stop()
     out = helm("uninstall", release["name"], "-n", ns, "--wait", "--timeout", "120s")
     assert "uninstalled" in out.stdout
 
