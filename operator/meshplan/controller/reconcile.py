@@ -48,6 +48,7 @@ from meshplan.topology import NodeInfo, Topology, build_topology_from_infos
 log = logging.getLogger("meshplan.controller")
 
 API_VERSION, KIND = "meshplan.dev/v1alpha1", "LLMDeployment"
+SLOW_PLAN_S = 5.0          # log a warning when one planner call takes longer
 CD_API = "resource.nvidia.com/v1beta1"
 
 
@@ -292,10 +293,14 @@ class Reconciler:
         except ValueError as exc:
             return str(exc)
         finally:
+            took_s = time.monotonic() - t0
+            if took_s > SLOW_PLAN_S:
+                log.warning("planning %s took %.1fs (spec.gpus.maxGpus and pinned sizes narrow the search)",
+                            spec.model.name, took_s)
             try:
                 from meshplan import metrics
 
-                metrics.observe_plan(time.monotonic() - t0)
+                metrics.observe_plan(took_s)
             except Exception:  # noqa: BLE001
                 pass
         if plan.choice is not None:
