@@ -88,3 +88,17 @@ def test_foreign_usage_counts_only_gpu_pods_outside_the_served_namespaces():
     f.update([pod("mp-op-x", "n1", 8), pod("team-a", "n1", 2), pod("other", "n2", 4), pod("other", "n3", 0),
               pod("done", "n4", 8, phase="Succeeded")])
     assert f.by_node == [("n2", 4)]
+
+
+def test_autoscaler_conditions_are_merged_and_capacity_limits_win():
+    from meshplan.controller.status import merge_values
+
+    ours = [("Placed", True, "AllReplicasPlaced", ""), ("ScalingLimited", False, "WithinCapacity", "")]
+    theirs = (("ScalingActive", True, "MetricsHealthy", "ttft ratio 0.7"), ("ScalingLimited", True, "MaxReplicas", "8"))
+    merged = {v[0]: v for v in merge_values(ours, theirs)}
+    assert merged["ScalingActive"][2] == "MetricsHealthy"
+    assert merged["ScalingLimited"][2] == "MaxReplicas"
+    ours[1] = ("ScalingLimited", True, "InsufficientCapacity", "")
+    assert {v[0]: v for v in merge_values(ours, theirs)}["ScalingLimited"][2] == "InsufficientCapacity"
+    out = conditions([], merge_values(ours, theirs), 1, T0)
+    assert [c["type"] for c in out] == ["Placed", "ScalingLimited", "ScalingActive"]

@@ -209,6 +209,10 @@ class Inputs:
     planned_message: str = ""
     previous_status: Mapping[str, Any] = field(default_factory=dict)
     now: datetime = datetime(1970, 1, 1)
+    # (type, status, reason, message) from the autoscaler (e.g. ScalingActive), merged into ours
+    extra_conditions: tuple[tuple[str, bool | str, str, str], ...] = ()
+    # (type, status, reason, message) from controller.autoscaling: ScalingActive, ScalingLimited
+    autoscaler_conditions: tuple[tuple[str, bool | str, str, str], ...] = ()
 
 
 @dataclass
@@ -261,6 +265,7 @@ def _no_plan(inp: Inputs, groups: Mapping[int, LiveGroup]) -> Outcome:
                        f"{len(groups)} running replica group(s) left as they are until the spec can be planned"))
     values.append(("Available", ready >= max(1, inp.desired_replicas), "ReplicasReady" if ready else "NoReplicas",
                    f"{ready} of {inp.desired_replicas} replica(s) ready"))
+    values = st.merge_values(values, inp.extra_conditions)
     status = dict(inp.previous_status)
     status.update({
         "observedGeneration": inp.generation,
@@ -528,7 +533,11 @@ def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGr
                    ("MissingReplicas" if degraded else "AsPlanned"),
                    f"{ready} of {R} replica(s) ready" + (f"; restarted {restarted + moved}" if restarted or moved
                                                           else "")))
-    conds = st.conditions(prev, values, inp.generation, inp.now)
+    # The autoscaler's conditions; a placement shortfall stays the stronger ScalingLimited fact.
+    for c in inp.autoscaler_conditions:
+        if not (c[0] == "ScalingLimited" and short):
+            values = [v for v in values if v[0] != c[0]] + [c]
+    conds = st.conditions(prev, st.merge_values(values, inp.extra_conditions), inp.generation, inp.now)
     for c in conds:
         if c["type"] in ("Placed", "Degraded", "Available") and st.transitioned(prev, c):
             warn = (c["type"] == "Placed" and c["status"] == "False") or (c["type"] == "Degraded" and c["status"] == "True")

@@ -174,9 +174,15 @@ class Reconciler:
     plans: dict[str, tuple[str, Any]] = field(default_factory=dict)   # uid -> (plan key, Plan)
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
+    # (namespace, name) -> (type, status, reason, message) tuples the autoscaler wants in status.conditions;
+    # the reconciler is the one writer of the list and merges them (status.merge_values).
+    autoscaler_conditions: dict[tuple[str, str], tuple] = field(default_factory=dict)
+    # (namespace, name) -> (type, status, reason, message) decided by controller.autoscaling
+    autoscaler_conditions: dict[tuple[str, str], tuple] = field(default_factory=dict)
 
     def forget(self, namespace: str, name: str, uid: str | None = None) -> None:
         self.locks.pop((namespace, name), None)
+        self.autoscaler_conditions.pop((namespace, name), None)
         if uid:
             self.plans.pop(uid, None)
 
@@ -254,9 +260,11 @@ class Reconciler:
 
         meta = body.get("metadata") or {}
         status = body.get("status") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
         common = dict(name=meta.get("name", ""), namespace=meta.get("namespace", ""), uid=meta.get("uid", ""),
                       generation=meta.get("generation"), topology=topology, pods=pods, services=services,
-                      compute_domains=cds, previous_status=status, now=self.clock())
+                      compute_domains=cds, previous_status=status, now=self.clock(),
+                      extra_conditions=tuple(self.autoscaler_conditions.get(key, ())))
         try:
             llmd = LLMDeployment.from_manifest(dict(body))
         except ValidationError as exc:
@@ -278,7 +286,9 @@ class Reconciler:
             return decide(Inputs(desired_replicas=desired, planned_reason=reason, planned_message=message,
                                  **common))
         target = target_for(spec, plan, topology, bool(self.compute_domains))
-        return decide(Inputs(desired_replicas=desired, target=target, **common))
+        auto = self.autoscaler_conditions.get((common["namespace"], common["name"]), ()) \
+            if spec.autoscaling.enabled else ()
+        return decide(Inputs(desired_replicas=desired, target=target, autoscaler_conditions=tuple(auto), **common))
 
     def _plan(self, uid: str, spec: Any, topology: Topology) -> Any:
         from meshplan.planner import plan_for_spec

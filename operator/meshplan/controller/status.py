@@ -18,6 +18,9 @@ Condition types (docs/architecture.md) and what they mean here
 - Degraded     0 < readyReplicas < desiredReplicas, or a group was restarted.
 - ScalingLimited  desired replicas are held back by capacity (or, later, by
                the autoscaler's bounds).
+- ScalingActive  (autoscaling only) the autoscaler's metrics are usable
+               (False: MetricsUnavailable, MetricsStale, MetricsInvalid, and the
+               count is held). Decided by controller.autoscaling, written here.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
-CONDITION_TYPES = ("Planned", "Placed", "Available", "Progressing", "Degraded", "ScalingLimited")
+CONDITION_TYPES = ("Planned", "Placed", "Available", "Progressing", "Degraded", "ScalingLimited", "ScalingActive")
 
 
 def rfc3339(now: datetime) -> str:
@@ -58,9 +61,23 @@ def conditions(
     generation: int | None,
     now: datetime,
 ) -> list[dict[str, Any]]:
-    """All conditions in the fixed order of CONDITION_TYPES from (type, status, reason, message) tuples."""
+    """All conditions from (type, status, reason, message) tuples: CONDITION_TYPES first in their fixed
+    order, then other types (e.g. the autoscaler's ScalingActive) in the order given."""
     by_type = {t: condition(previous, t, s, r, m, generation, now) for t, s, r, m in values}
-    return [by_type[t] for t in CONDITION_TYPES if t in by_type]
+    return [by_type[t] for t in CONDITION_TYPES if t in by_type] + \
+        [c for t, c in by_type.items() if t not in CONDITION_TYPES]
+
+
+def merge_values(own: list[tuple[str, bool | str, str, str]],
+                 others: tuple[tuple[str, bool | str, str, str], ...]) -> list[tuple[str, bool | str, str, str]]:
+    """Conditions computed elsewhere (the autoscaler's) merged into ours: new types are added; for a
+    type both set, ours wins when it is True (e.g. ScalingLimited by capacity right now), else theirs."""
+    out = {v[0]: v for v in own}
+    for v in others:
+        mine = out.get(v[0])
+        if mine is None or mine[1] not in (True, "True"):
+            out[v[0]] = tuple(v)
+    return list(out.values())
 
 
 def transitioned(previous: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> bool:
@@ -109,4 +126,4 @@ def status_patch(live: Mapping[str, Any] | None, desired: Mapping[str, Any],
     return patch or None
 
 
-__all__ = ["CONDITION_TYPES", "condition", "conditions", "plan_summary", "rfc3339", "status_patch", "transitioned"]
+__all__ = ["CONDITION_TYPES", "condition", "conditions", "merge_values", "plan_summary", "rfc3339", "status_patch", "transitioned"]
