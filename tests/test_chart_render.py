@@ -153,6 +153,14 @@ def urlpath(url: str) -> str:
     return "/" + url.split("/", 3)[3]
 
 
+def test_prometheus_url_reaches_the_operator_only_when_set():
+    env = {e["name"]: e.get("value") for e in container(render(), "Deployment")["env"]}
+    assert "MESHPLAN_PROMETHEUS_URL" not in env
+    url = "http://prometheus.monitoring:9090"
+    env = {e["name"]: e.get("value") for e in container(render({"prometheusUrl": url}), "Deployment")["env"]}
+    assert env["MESHPLAN_PROMETHEUS_URL"] == url
+
+
 def test_namespaced_watch_args_and_roles():
     docs = render({"watch": {"allNamespaces": False, "namespaces": ["team-a", "team-b"]}})
     args = container(docs, "Deployment")["args"]
@@ -418,6 +426,8 @@ def test_every_value_is_documented():
     ({"watch": {"namespaces": ["Not_A_Namespace"]}}, "namespaces"),
     ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "interval"),
     ({"cleanup": {"timeoutSeconds": 1}}, "timeoutSeconds"),
+    ({"prometheusUrl": "prometheus:9090"}, "prometheusUrl"),
+    ({"prometheusUrl": "http://user:pw@prometheus:9090"}, "prometheusUrl"),
 ])
 def test_schema_refuses_bad_values_naming_the_field(values, field):
     assert field in render_error(values)
