@@ -103,7 +103,8 @@ FOREIGN_PODS = grants("", ["pods"], ["list"])
     {},
     {"watch": {"allNamespaces": False, "namespaces": ["team-a", "team-b"]}},
     {"peering": {"enabled": True, "name": "meshplan", "createCRDs": True, "standby": {"enabled": True}}},
-    {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}, "computeDomains": {"enabled": True}},
+    {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}, "computeDomains": {"enabled": True},
+     "engineMetrics": {"podMonitor": {"enabled": True}}, "prometheusUrl": "http://prometheus:9090"},
 ], ids=["defaults", "namespaced", "peering-standby", "servicemonitor-computedomains"])
 def test_helm_lint_passes(values, tmp_path):
     f = tmp_path / "values.yaml"
@@ -308,6 +309,29 @@ def test_metrics_service_and_servicemonitor_only_when_asked():
     assert all(svc_labels.get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
     off = render({"metrics": {"enabled": False}})
     assert not by_kind(off, "Service") and "--metrics-port" not in json.dumps(off)
+
+
+def test_engine_podmonitor_labels_what_the_autoscaler_queries():
+    from meshplan.autoscale.promql import DEFAULT_DEPLOYMENT_LABEL, DEFAULT_NAMESPACE_LABEL
+    from meshplan.render.workloads import LABEL_DEPLOYMENT, LABEL_ROLE, base_labels
+
+    assert not by_kind(render(), "PodMonitor")
+    docs = render({"engineMetrics": {"podMonitor": {"enabled": True}},
+                   "watch": {"allNamespaces": False, "namespaces": ["team-a"]}})
+    pm = one(docs, "PodMonitor")
+    assert pm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
+    # the selector matches a leader pod as the renderer labels it
+    leader = {**base_labels("llama", "vllm"), LABEL_ROLE: "leader"}
+    assert all(leader.get(k) == v for k, v in pm["spec"]["selector"]["matchLabels"].items())
+    endpoint = pm["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+    targets = {r["targetLabel"]: r["sourceLabels"][0] for r in endpoint["relabelings"]}
+    pod_label_meta = "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", LABEL_DEPLOYMENT)
+    assert targets[DEFAULT_DEPLOYMENT_LABEL] == pod_label_meta
+    assert targets[DEFAULT_NAMESPACE_LABEL] == "__meta_kubernetes_namespace"
+    cluster_wide = one(render({"engineMetrics": {"podMonitor": {"enabled": True}}}), "PodMonitor")
+    assert cluster_wide["spec"]["namespaceSelector"] == {"any": True}
 
 
 # ---- pre-delete hook ---------------------------------------------------------------------------
