@@ -230,26 +230,39 @@ def test_deleted_and_edited_children_are_restored(cluster, ns, operator):
     _available(cluster, ns, "drift")
 
 
+def _free_hgx_nodes(cluster) -> int:
+    """HGX nodes with all 8 GPUs free (the e2e cluster may be shared with other suites)."""
+    used: dict[str, int] = {}
+    for p in json.loads(cluster.kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]:
+        node = p["spec"].get("nodeName") or p["metadata"].get("annotations", {}).get("meshplan.dev/assigned-node")
+        if node and p.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+            gpus = sum(int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
+                       for c in p["spec"]["containers"])
+            used[node] = used.get(node, 0) + gpus
+    return sum(1 for n, labels in _nodes(cluster).items()
+               if labels.get("meshplan.dev/fleet") == "hgx-h100" and used.get(n, 0) == 0)
+
+
 def test_insufficient_capacity_reports_numbers_and_recovers_when_gpus_free_up(cluster, ns):
-    base = _pinned("blocker", "hgx-h100", "NVIDIA-H100-80GB-HBM3", tensor=8, replicas=2, max_gpus=32)
-    blocker = copy.deepcopy(base)
+    whole = _free_hgx_nodes(cluster)       # 4 on a fresh cluster
+    assert whole >= 2, "this test needs two HGX nodes without GPU pods"
+    # the blocker takes all whole nodes but one; "big" then needs two whole nodes
+    blocker = _pinned("blocker", "hgx-h100", "NVIDIA-H100-80GB-HBM3", tensor=8, replicas=whole - 1, max_gpus=32)
     _apply(cluster, ns, blocker)
     _available(cluster, ns, "blocker")
-    big = copy.deepcopy(base)
-    big["metadata"]["name"] = "big"
-    big["spec"]["replicas"] = 3               # 24 GPUs; 16 are free while the blocker runs
+    big = _pinned("big", "hgx-h100", "NVIDIA-H100-80GB-HBM3", tensor=8, replicas=2, max_gpus=32)
     _apply(cluster, ns, big)
     obj = _wait(lambda: (o := _get(cluster, ns, "llmd", "big")) and _cond(o, "Planned").get("status") == "False"
                 and o, 60, "big Planned=False")
     planned = _cond(obj, "Planned")
     assert planned["reason"] == "InsufficientCapacity"
-    assert "needs 24 GPUs" in planned["message"], planned["message"]
+    assert "needs 16 GPUs" in planned["message"], planned["message"]
     free = int(planned["message"].split(" are free")[0].rsplit(" ", 1)[1])
-    assert free < 24 and "free GPUs per NVLink domain: hgx-h100-" in planned["message"], planned["message"]
+    assert free < 16 and "free GPUs per NVLink domain: hgx-h100-" in planned["message"], planned["message"]
     assert not [p for p in _pods(cluster, ns) if p["metadata"]["labels"]["meshplan.dev/deployment"] == "big"]
     cluster.kubectl("delete", "llmd", "blocker", "-n", ns, "--wait=true")
     obj = _available(cluster, ns, "big", timeout_s=90)
-    assert obj["status"]["readyReplicas"] == 3
+    assert obj["status"]["readyReplicas"] == 2
     assert _cond(obj, "Planned")["status"] == "True"
 
 
@@ -315,3 +328,18 @@ def test_reconciles_of_an_unchanged_world_write_nothing(cluster, ns):
     # the runner resyncs every 5 s: at least two reconciles of "still" happen in this window
     time.sleep(12)
     assert versions() == before
+
+
+def test_operator_restart_keeps_running_replicas_and_their_plan(cluster, ns, operator):
+    m = _pinned("kept", "hgx-h100", "NVIDIA-H100-80GB-HBM3", tensor=4, replicas=2, max_gpus=8)
+    m["spec"]["parallelism"]["tensor"] = "auto"        # the planner chooses; the restart must not re-choose
+    _apply(cluster, ns, m)
+    before = _available(cluster, ns, "kept")
+    assert "meshplan.dev/plan" in before["metadata"]["annotations"]
+    pods_before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in _pods(cluster, ns)}
+    operator.stop()
+    operator.start()
+    time.sleep(8)          # resume handler + a resync (5 s) have run
+    after = _available(cluster, ns, "kept")
+    assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in _pods(cluster, ns)} == pods_before
+    assert after["status"]["plan"] == before["status"]["plan"]

@@ -102,3 +102,18 @@ def test_autoscaler_conditions_are_merged_and_capacity_limits_win():
     assert {v[0]: v for v in merge_values(ours, theirs)}["ScalingLimited"][2] == "InsufficientCapacity"
     out = conditions([], merge_values(ours, theirs), 1, T0)
     assert [c["type"] for c in out] == ["Placed", "ScalingLimited", "ScalingActive"]
+
+
+def test_stored_plan_round_trips_and_is_used_only_for_the_same_inputs():
+    from meshplan.controller.reconcile import plan_from_annotation, plan_to_annotation
+    from meshplan.planner import plan_for_spec
+
+    topo = build_topology(fleet_nodes(load_fleet("hgx-h100")), ready_if_unknown=True)
+    spec = _spec()
+    plan = plan_for_spec(spec, topo.to_fleet())
+    key = plan_key(spec, topo)
+    value = plan_to_annotation(key, plan)
+    back = plan_from_annotation(value, key)
+    assert back.choice == plan.choice and back.alternatives == plan.alternatives[:3]
+    assert plan_from_annotation(value, plan_key(_spec(model={"name": "llama-3.1-8b"}), topo)) is None
+    assert plan_from_annotation("{not json", key) is None

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from meshplan.controller import apply as applier
 from meshplan.controller.decide import OWNED_STATUS_KEYS, Inputs, Outcome, decide, target_for
-from meshplan.controller.kube import COMPUTE_DOMAIN_CRD, ApiError, Kube
+from meshplan.controller.kube import COMPUTE_DOMAIN_CRD, ApiError, Kube, resource_path
 from meshplan.controller.status import status_patch
 from meshplan.render.workloads import LABEL_DEPLOYMENT
 from meshplan.topology import NodeInfo, Topology, build_topology_from_infos
@@ -96,6 +96,58 @@ def _capacity_message(spec: Any, topology: Topology, reason: str) -> tuple[str, 
         + (f" on nodes matching {sel}" if sel else "")
         + f"; free GPUs per NVLink domain: {shown or 'none'}. Planner: {reason}. "
         "Free capacity, lower spec.replicas or spec.gpus.maxGpus, or allow other GPUs (spec.gpus.products)")
+
+
+# The chosen plan, stored on the LLMDeployment so a restarted operator keeps the layout it runs
+# (re-planning on the free GPUs of the moment could choose another one and roll every replica).
+PLAN_ANNOTATION = "meshplan.dev/plan"
+
+
+def _candidate_doc(c: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(c)
+
+
+def _candidate(d: Mapping[str, Any]) -> Any:
+    from meshplan.planner.types import Candidate, Layout, MemoryFit, Prediction
+
+    pred = dict(d["prediction"])
+    pred["notes"] = tuple(pred.get("notes") or ())
+    return Candidate(layout=Layout(**d["layout"]), weight_dtype=d["weight_dtype"], kv_dtype=d["kv_dtype"],
+                     chunk_size=d["chunk_size"], max_num_seqs=d["max_num_seqs"], memory=MemoryFit(**d["memory"]),
+                     prediction=Prediction(**pred), engine=d.get("engine", "vllm"), gpu=d.get("gpu", ""))
+
+
+def plan_to_annotation(key: str, plan: Any) -> str:
+    return json.dumps({"key": key, "objective": plan.objective, "reason": plan.reason, "gpu": plan.gpu,
+                       "model": plan.model, "choice": _candidate_doc(plan.choice),
+                       "alternatives": [_candidate_doc(a) for a in plan.alternatives[:3]]},
+                      separators=(",", ":"), sort_keys=True)
+
+
+def plan_annotation_key(value: str | None) -> str | None:
+    try:
+        return json.loads(value)["key"] if value else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def plan_from_annotation(value: str | None, key: str) -> Any:
+    """The stored plan when it was made for `key` (same spec and fleet shape), else None."""
+    from meshplan.planner.types import Plan
+
+    if not value:
+        return None
+    try:
+        d = json.loads(value)
+        if d.get("key") != key:
+            return None
+        return Plan(choice=_candidate(d["choice"]), objective=d["objective"], reason=d["reason"],
+                    alternatives=tuple(_candidate(a) for a in d.get("alternatives") or ()),
+                    gpu=d.get("gpu", ""), model=d.get("model", ""))
+    except (ValueError, KeyError, TypeError):
+        return None        # unreadable (edited by hand, older format): plan again
 
 
 @dataclass
@@ -219,6 +271,13 @@ class Reconciler:
         services = [s for s in services if _owned_by(s, uid)]
         cds = [c for c in cds if _owned_by(c, uid)]
         outcome = await asyncio.to_thread(self._decide_in_thread, namespace, name, body, pods, services, cds)
+        cached = self.plans.get(uid)
+        stored = (body["metadata"].get("annotations") or {}).get(PLAN_ANNOTATION)
+        if cached is not None and plan_annotation_key(stored) != cached[0]:
+            value = plan_to_annotation(cached[0], cached[1])
+            await kube.request("PATCH", resource_path(API_VERSION, KIND, namespace, name),
+                               body={"metadata": {"annotations": {PLAN_ANNOTATION: value}}},
+                               content_type="application/merge-patch+json")
 
         for desired, live in outcome.apply:
             try:
@@ -277,7 +336,8 @@ class Reconciler:
         if problems and not (len(problems) == 1 and "predictions may not describe" in problems[0]):
             return decide(Inputs(desired_replicas=desired, planned_reason="InvalidSpec",
                                  planned_message="; ".join(problems), **common))
-        plan = self._plan(common["uid"], spec, topology)
+        stored = ((meta.get("annotations") or {}).get(PLAN_ANNOTATION))
+        plan = self._plan(common["uid"], spec, topology, stored)
         if isinstance(plan, str):
             return decide(Inputs(desired_replicas=desired, planned_reason="InvalidSpec", planned_message=plan,
                                  **common))
@@ -290,13 +350,19 @@ class Reconciler:
             if spec.autoscaling.enabled else ()
         return decide(Inputs(desired_replicas=desired, target=target, autoscaler_conditions=tuple(auto), **common))
 
-    def _plan(self, uid: str, spec: Any, topology: Topology) -> Any:
+    def _plan(self, uid: str, spec: Any, topology: Topology, stored: str | None = None) -> Any:
+        """The plan for `spec`: cached, else the one stored on the object by an earlier run of the
+        operator (same inputs -> same plan, even if other tenants' usage changed meanwhile), else new."""
         from meshplan.planner import plan_for_spec
 
         key = plan_key(spec, topology)
         cached = self.plans.get(uid)
         if cached is not None and cached[0] == key:
             return cached[1]
+        restored = plan_from_annotation(stored, key)
+        if restored is not None:
+            self.plans[uid] = (key, restored)
+            return restored
         t0 = time.monotonic()
         try:
             plan = plan_for_spec(spec, topology.select(dict(spec.gpus.node_selector or {})).to_fleet())
@@ -343,4 +409,4 @@ def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return not uid or any(r.get("uid") == uid for r in refs)
 
 
-__all__ = ["ForeignUsage", "Reconciler", "Result", "World", "desired_replicas", "plan_key"]
+__all__ = ["PLAN_ANNOTATION", "plan_from_annotation", "plan_to_annotation", "ForeignUsage", "Reconciler", "Result", "World", "desired_replicas", "plan_key"]
