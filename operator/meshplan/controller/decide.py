@@ -211,8 +211,6 @@ class Inputs:
     now: datetime = datetime(1970, 1, 1)
     # (type, status, reason, message) from the autoscaler (e.g. ScalingActive), merged into ours
     extra_conditions: tuple[tuple[str, bool | str, str, str], ...] = ()
-    # (type, status, reason, message) from controller.autoscaling: ScalingActive, ScalingLimited
-    autoscaler_conditions: tuple[tuple[str, bool | str, str, str], ...] = ()
 
 
 @dataclass
@@ -533,10 +531,6 @@ def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGr
                    ("MissingReplicas" if degraded else "AsPlanned"),
                    f"{ready} of {R} replica(s) ready" + (f"; restarted {restarted + moved}" if restarted or moved
                                                           else "")))
-    # The autoscaler's conditions; a placement shortfall stays the stronger ScalingLimited fact.
-    for c in inp.autoscaler_conditions:
-        if not (c[0] == "ScalingLimited" and short):
-            values = [v for v in values if v[0] != c[0]] + [c]
     conds = st.conditions(prev, st.merge_values(values, inp.extra_conditions), inp.generation, inp.now)
     for c in conds:
         if c["type"] in ("Placed", "Degraded", "Available") and st.transitioned(prev, c):

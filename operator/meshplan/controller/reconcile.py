@@ -229,8 +229,6 @@ class Reconciler:
     # (namespace, name) -> (type, status, reason, message) tuples the autoscaler wants in status.conditions;
     # the reconciler is the one writer of the list and merges them (status.merge_values).
     autoscaler_conditions: dict[tuple[str, str], tuple] = field(default_factory=dict)
-    # (namespace, name) -> (type, status, reason, message) decided by controller.autoscaling
-    autoscaler_conditions: dict[tuple[str, str], tuple] = field(default_factory=dict)
 
     def forget(self, namespace: str, name: str, uid: str | None = None) -> None:
         self.locks.pop((namespace, name), None)
@@ -346,9 +344,7 @@ class Reconciler:
             return decide(Inputs(desired_replicas=desired, planned_reason=reason, planned_message=message,
                                  **common))
         target = target_for(spec, plan, topology, bool(self.compute_domains))
-        auto = self.autoscaler_conditions.get((common["namespace"], common["name"]), ()) \
-            if spec.autoscaling.enabled else ()
-        return decide(Inputs(desired_replicas=desired, target=target, autoscaler_conditions=tuple(auto), **common))
+        return decide(Inputs(desired_replicas=desired, target=target, **common))
 
     def _plan(self, uid: str, spec: Any, topology: Topology, stored: str | None = None) -> Any:
         """The plan for `spec`: cached, else the one stored on the object by an earlier run of the
