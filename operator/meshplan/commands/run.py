@@ -39,6 +39,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--foreign-usage-seconds", type=float, default=15.0,
                    help="namespace-scoped: how often to list GPU pods of other namespaces")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--prometheus-url", metavar="URL", default=os.environ.get("MESHPLAN_PROMETHEUS_URL"),
+                   help="Prometheus the autoscaler queries when spec.autoscaling.prometheusUrl is unset "
+                        "(default: $MESHPLAN_PROMETHEUS_URL)")
     p.add_argument("--verbose", "-v", action="store_true")
     p.set_defaults(func=run)
 
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         os.environ["KUBECONFIG"] = os.path.abspath(args.kubeconfig)
     import kopf
 
-    from meshplan.controller import handlers
+    from meshplan.controller import autoscaling, handlers  # autoscaling: registers the autoscaler's loop
 
     handlers.OPTIONS.kubeconfig = os.environ.get("KUBECONFIG") if args.kubeconfig else None
     handlers.OPTIONS.namespaces = tuple(args.namespace or ())
@@ -58,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     handlers.OPTIONS.peering = args.peering
     handlers.OPTIONS.priority = args.priority
     handlers.OPTIONS.resync_s = args.resync_seconds
+    autoscaling.DEFAULT_PROMETHEUS_URL = args.prometheus_url
     if args.metrics_port:
         from meshplan import metrics
 

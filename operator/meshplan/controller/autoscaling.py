@@ -1,0 +1,491 @@
+"""The autoscaling loop: Prometheus -> `autoscale.policy.decide` -> status.autoscaling -> reconcile.
+
+Why a loop of its own and not the resync hook alone: the policy's windows are
+seconds (`upWindowSeconds` >= 10), while the handlers' resync runs every
+`--resync-seconds` (60 s by default) and only for objects not reconciled
+lately. So this module keeps its own asyncio task (started by a kopf startup
+handler, like the reconcile workers; not a kopf timer, which would put a
+finalizer on every object) that evaluates each LLMDeployment with
+`spec.autoscaling.enabled` every
+
+    interval = clamp(upWindowSeconds / 4, 1 s, 15 s)
+
+so an up window spans at least four evaluations (15 s is the HPA's sync
+period, kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/#how-does-a-horizontalpodautoscaler-work).
+`handlers.AUTOSCALE_HOOK` is set to the same evaluation, which skips objects
+evaluated within their interval, so the resync can never evaluate twice.
+
+One evaluation (`Autoscaler.evaluate`)
+1. GET the LLMDeployment; nothing to do unless autoscaling is enabled.
+2. Queries (`autoscale.promql`): scoped by the two labels the operator
+   controls (namespace, `meshplan_dev_deployment` = the pods' deployment
+   label), metric names from the engine or `spec.autoscaling.metrics`; rate
+   window 2 x upWindowSeconds within [30 s, 2 m] (2 m with the default 60 s
+   window; shorter windows need fresher rates). Prometheus at
+   `spec.autoscaling.prometheusUrl`, else `meshplan run --prometheus-url`
+   (or `$MESHPLAN_PROMETHEUS_URL`); none at all holds like Prometheus down.
+3. Capacity, in a worker thread: the reconciler's cached plan (planned on the
+   topology without this deployment's pods, the same call reconcile makes),
+   the planner's per-replica capacity at SLO (the chosen candidate's
+   concurrency, and requests/s by Little's law over its TTFT + outputTokens x
+   ITL), and how many more whole groups the real placement fits
+   (`autoscale.capacity.replica_capacity`, the running groups kept on their
+   nodes). `spec.gpus.maxGpus` caps maxReplicas at maxGpus / GPUs per replica.
+4. `policy.decide(state, snapshot, config, capacity, now)` (pure).
+5. Status: `status.autoscaling` (the schema's fields: decision time, from/to
+   replicas, reason and message, observed TTFT/ITL, ratios, request rate,
+   queue, metricsHealthy; `lastScaleTime` when the count changed). Written when
+   the decision's substance changed or every `STATUS_REFRESH_S`, not every few
+   seconds. `toReplicas` is what `reconcile.desired_replicas` acts on, so the
+   scaling itself goes through reconcile's placement and gang path.
+6. Conditions `ScalingActive` (metrics usable or why not) and `ScalingLimited`
+   (max replicas, or whole groups that do not fit): handed to the reconciler
+   (`Reconciler.autoscaler_conditions`), which owns `status.conditions` and
+   writes them with its own in one patch (a second writer of the list would
+   undo the other's changes). A decision that says nothing about
+   ScalingLimited (pending, cooldown, metrics held) keeps the last one.
+7. A change: a `ScaledUp`/`ScaledDown` event "from X to Y because ...",
+   `meshplan_scaling_decisions_total`, and the reconcile is queued at once.
+
+State between evaluations: the policy's windows and learned capacity
+(`AutoscaleState`) are kept in memory per object UID. The status schema has no
+field for them; what a restarted operator needs to stay safe comes back from
+status: the replica count (`toReplicas`) and the last change
+(`lastScaleTime`, so the cooldown holds across restarts). Windows start again
+after a restart, which can only delay a change, never hasten one.
+
+With autoscaling disabled nothing here runs: `spec.replicas` (the scale
+subresource, `kubectl scale`, HPA, KEDA) rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+import kopf
+
+from meshplan.autoscale.capacity import replica_capacity
+from meshplan.autoscale.policy import (
+    COND_SCALING_ACTIVE,
+    AutoscaleConfig,
+    AutoscaleConfigError,
+    AutoscaleState,
+    Decision,
+    ReplicaCapacity,
+    decide,
+)
+from meshplan.autoscale.promql import (
+    MetricOverrides,
+    QueryInputError,
+    QuerySet,
+    build_queries,
+    scope_matchers,
+    window_from_seconds,
+)
+from meshplan.autoscale.snapshot import METRIC_PROBLEMS, METRICS_UNAVAILABLE, MetricsSnapshot
+from meshplan.autoscale.source import PrometheusSource
+from meshplan.controller import handlers, indexes
+from meshplan.controller.status import rfc3339
+from meshplan.render.workloads import LABEL_DEPLOYMENT
+
+log = logging.getLogger("meshplan.autoscaler")
+
+DEFAULT_PROMETHEUS_URL: str | None = os.environ.get("MESHPLAN_PROMETHEUS_URL") or None
+PROMETHEUS_TIMEOUT_S = 5.0
+MIN_INTERVAL_S, MAX_INTERVAL_S = 1.0, 15.0
+MIN_RATE_WINDOW_S, MAX_RATE_WINDOW_S = 30.0, 120.0
+STATUS_REFRESH_S = 30.0        # rewrite an unchanged decision at most this often (fresh inputs in status)
+LOOP_TICK_S = 0.5
+CONCURRENT_EVALUATIONS = 8
+INVALID_AUTOSCALING = "InvalidAutoscaling"
+NO_PLAN = "NoPlan"
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+def evaluation_interval_s(up_window_s: float) -> float:
+    """Seconds between evaluations: a quarter of the up window, within [1 s, 15 s]."""
+    return max(MIN_INTERVAL_S, min(MAX_INTERVAL_S, up_window_s / 4.0))
+
+
+def rate_window_s(up_window_s: float) -> float:
+    """Rate/quantile window: twice the up window, within [30 s, 2 m]."""
+    return max(MIN_RATE_WINDOW_S, min(MAX_RATE_WINDOW_S, 2.0 * up_window_s))
+
+
+def config_from_spec(spec: Any, gpus_per_replica: int | None = None) -> AutoscaleConfig:
+    """The policy's configuration from an `LLMDeploymentSpec` (raises AutoscaleConfigError naming the field)."""
+    a, slo = spec.autoscaling, spec.slo
+    if slo is None:
+        raise AutoscaleConfigError("spec.slo: autoscaling needs ttftMs and/or itlMs")
+    ttft_ms, itl_ms = slo.ttft_ms, slo.effective_itl_ms
+    max_replicas = a.max_replicas if a.max_replicas is not None else max(a.min_replicas, spec.replicas, 1)
+    if spec.gpus.max_gpus and gpus_per_replica:
+        # spec.gpus.maxGpus is the deployment's GPU ceiling, all replicas together.
+        max_replicas = max(a.min_replicas, 1, min(max_replicas, spec.gpus.max_gpus // gpus_per_replica))
+    return AutoscaleConfig(
+        min_replicas=a.min_replicas,
+        max_replicas=max_replicas,
+        ttft_target_s=None if ttft_ms is None else ttft_ms / 1000.0,
+        itl_target_s=None if itl_ms is None else itl_ms / 1000.0,
+        percentile=float(slo.percentile),
+        up_threshold=a.up_threshold,
+        down_threshold=a.down_threshold,
+        up_window_s=float(a.up_window_seconds),
+        down_window_s=float(max(a.down_window_seconds, a.up_window_seconds)),
+        cooldown_s=float(a.cooldown_seconds),
+        max_step_up=a.max_step_up,
+        max_step_down=a.max_step_down,
+    )
+
+
+def queries_for(spec: Any, namespace: str, name: str) -> QuerySet:
+    """The deployment's PromQL: scoped by namespace and deployment, names from the engine or the overrides."""
+    m = spec.autoscaling.metrics
+    overrides = MetricOverrides(ttft_histogram=m.ttft_histogram, itl_histogram=m.itl_histogram,
+                                queue_gauge=m.requests_waiting, running_gauge=m.requests_running)
+    percentile = float(spec.slo.percentile) if spec.slo is not None else 99.0
+    return build_queries(spec.engine.kind, scope_matchers(namespace, name), percentile=percentile,
+                         window=window_from_seconds(rate_window_s(spec.autoscaling.up_window_seconds)),
+                         overrides=overrides)
+
+
+def per_replica_capacity(candidate: Any, output_tokens: int) -> tuple[float | None, float | None]:
+    """(requests/s, concurrency) one replica serves at the planned operating point.
+
+    The planner chose the candidate's concurrency so its predicted TTFT and ITL
+    meet the SLO; a request holds a slot for TTFT + outputTokens x ITL, so by
+    Little's law a replica completes concurrency / that many requests per second.
+    """
+    p = getattr(candidate, "prediction", None)
+    if p is None or not p.concurrency or p.concurrency <= 0:
+        return None, None
+    service_s = (p.ttft_ms + output_tokens * p.tpot_ms) / 1000.0
+    rps = p.concurrency / service_s if service_s > 0 and math.isfinite(service_s) else None
+    return rps, float(p.concurrency)
+
+
+def status_document(decision: Decision, snapshot: MetricsSnapshot, now: datetime,
+                    previous: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`status.autoscaling` (meshplan.api.models.AutoscalingStatus) for one decision."""
+    prev = dict(previous or {})
+    ratios = dict(decision.slo_ratios)
+    healthy = decision.reason not in METRIC_PROBLEMS and snapshot.ok
+
+    def ms(v: float | None) -> float | None:
+        return None if v is None or not math.isfinite(v) else round(v * 1000.0, 1)
+
+    def num(v: float | None, digits: int) -> float | None:
+        return None if v is None or not math.isfinite(v) or v < 0 else round(v, digits)
+
+    doc: dict[str, Any] = {
+        "lastDecisionTime": rfc3339(now),
+        "lastScaleTime": rfc3339(now) if decision.changed else prev.get("lastScaleTime"),
+        "fromReplicas": decision.previous_replicas,
+        "toReplicas": decision.desired_replicas,
+        "reason": f"{decision.reason}: {decision.message}"[:4096],
+        "observedTtftMs": ms(snapshot.ttft_s) if healthy else None,
+        "observedItlMs": ms(snapshot.itl_s) if healthy else None,
+        "ttftRatio": num(ratios.get("ttft"), 3),
+        "itlRatio": num(ratios.get("itl"), 3),
+        "requestRate": num(snapshot.request_rate_per_s, 3) if healthy else None,
+        "requestsWaiting": num(snapshot.queue_depth, 1) if healthy else None,
+        "metricsHealthy": healthy,
+    }
+    return {k: v for k, v in doc.items() if v is not None}
+
+
+def needs_write(previous: Mapping[str, Any] | None, new: Mapping[str, Any], now: datetime,
+                refresh_s: float = STATUS_REFRESH_S) -> bool:
+    """Write status.autoscaling when the decision's substance changed, else at most every `refresh_s`."""
+    prev = dict(previous or {})
+    substance = ("fromReplicas", "toReplicas", "metricsHealthy", "lastScaleTime")
+    if any(prev.get(k) != new.get(k) for k in substance):
+        return True
+    if (prev.get("reason") or "").split(":", 1)[0] != (new.get("reason") or "").split(":", 1)[0]:
+        return True
+    try:
+        last = datetime.strptime(prev.get("lastDecisionTime") or "", "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return True
+    return (now - last).total_seconds() >= refresh_s
+
+
+def scaling_event(decision: Decision) -> tuple[str, str, str] | None:
+    """(type, reason, message) of the event for a change of the replica count, None when held."""
+    if not decision.changed:
+        return None
+    return ("Normal", decision.reason,
+            f"scaled from {decision.previous_replicas} to {decision.desired_replicas} replica(s) because "
+            f"{decision.message}"[:1024])
+
+
+def direction(decision: Decision) -> str | None:
+    if not decision.changed:
+        return None
+    return "up" if decision.desired_replicas > decision.previous_replicas else "down"
+
+
+def merge_conditions(kept: Mapping[str, tuple[str, str, str, str]], decision_conditions: list[tuple[str, str, str, str]]
+                     ) -> dict[str, tuple[str, str, str, str]]:
+    """The autoscaler's conditions after a decision: what it says now, the rest as before."""
+    out = dict(kept)
+    for c in decision_conditions:
+        out[c[0]] = c
+    return out
+
+
+def held_decision(state: AutoscaleState, reason: str, message: str) -> Decision:
+    """A decision that changes nothing (bad spec, no plan yet): ScalingActive=False with why."""
+    from meshplan.autoscale.policy import Condition
+
+    cond = Condition(COND_SCALING_ACTIVE, "False", reason, f"holding {state.desired_replicas} replicas: {message}")
+    return Decision(state.desired_replicas, state.desired_replicas, reason, cond.message, (cond,), state,
+                    state.desired_replicas)
+
+
+def state_from_status(previous: Mapping[str, Any] | None, current_replicas: int) -> AutoscaleState:
+    """What a (re)started autoscaler knows from status: the count, and the last change for the cooldown."""
+    prev = dict(previous or {})
+    last_change = None
+    try:
+        last_change = datetime.strptime(prev.get("lastScaleTime") or "", "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        pass
+    return AutoscaleState(desired_replicas=current_replicas, last_change_at=last_change)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class Autoscaler:
+    """Evaluates autoscaled LLMDeployments; one per operator process (see module doc)."""
+
+    reconciler: Any                                    # controller.reconcile.Reconciler
+    enqueue: Callable[[tuple[str, str]], None]
+    default_prometheus_url: str | None = None
+    clock: Callable[[], float] = time.time
+    states: dict[str, AutoscaleState] = field(default_factory=dict)          # uid -> policy state
+    conditions: dict[tuple[str, str], dict] = field(default_factory=dict)    # key -> type -> tuple
+    last_eval: dict[tuple[str, str], float] = field(default_factory=dict)    # key -> monotonic time
+    intervals: dict[tuple[str, str], float] = field(default_factory=dict)
+    sources: dict[str, PrometheusSource] = field(default_factory=dict)
+    locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+
+    def due(self, key: tuple[str, str], now_mono: float) -> bool:
+        last = self.last_eval.get(key)
+        return last is None or now_mono - last >= self.intervals.get(key, MAX_INTERVAL_S)
+
+    def forget(self, key: tuple[str, str]) -> None:
+        for d in (self.conditions, self.last_eval, self.intervals, self.locks):
+            d.pop(key, None)
+        self.reconciler.autoscaler_conditions.pop(key, None)
+
+    def _source(self, url: str) -> PrometheusSource:
+        src = self.sources.get(url)
+        if src is None:
+            src = self.sources[url] = PrometheusSource(url, PROMETHEUS_TIMEOUT_S)
+        return src
+
+    async def hook(self, namespace: str, name: str) -> None:
+        """`handlers.AUTOSCALE_HOOK`: evaluate unless this object was evaluated within its interval."""
+        key = (namespace, name)
+        if self.due(key, time.monotonic()):
+            await self.evaluate(namespace, name)
+
+    async def evaluate(self, namespace: str, name: str) -> Decision | None:
+        key = (namespace, name)
+        lock = self.locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            self.last_eval[key] = time.monotonic()
+            return await self._evaluate(namespace, name)
+
+    async def _evaluate(self, namespace: str, name: str) -> Decision | None:
+        from pydantic import ValidationError
+
+        from meshplan.api.models import LLMDeployment
+        from meshplan.controller.reconcile import API_VERSION, KIND, PLAN_ANNOTATION, desired_replicas
+
+        key = (namespace, name)
+        kube = self.reconciler.kube
+        body = await kube.get(API_VERSION, KIND, namespace, name)
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            self.forget(key)
+            return None
+        try:
+            spec = LLMDeployment.from_manifest(dict(body)).spec
+        except ValidationError:
+            return None                      # the reconciler reports InvalidSpec
+        if not spec.autoscaling.enabled:
+            if self.reconciler.autoscaler_conditions.pop(key, None) is not None:
+                self.enqueue(key)            # drop ScalingActive/ScalingLimited of the autoscaler
+            self.intervals[key] = MAX_INTERVAL_S
+            return None
+        self.intervals[key] = evaluation_interval_s(spec.autoscaling.up_window_seconds)
+        meta, status = body.get("metadata") or {}, body.get("status") or {}
+        uid = meta.get("uid", "")
+        prev_auto = status.get("autoscaling") or {}
+        current = desired_replicas(spec, status)
+        state = self.states.get(uid)
+        if state is None or state.desired_replicas != current:
+            # First look, or the count was changed by someone else (bounds in the spec): start from it.
+            state = replace(state, desired_replicas=current) if state is not None else \
+                state_from_status(prev_auto, current)
+
+        pods = await kube.list("v1", "Pod", namespace, f"{LABEL_DEPLOYMENT}={name}")
+        stored_plan = (meta.get("annotations") or {}).get(PLAN_ANNOTATION)
+        capacity = await asyncio.to_thread(self._capacity, namespace, name, uid, spec, pods, state.desired_replicas,
+                                           status.get("readyReplicas"), stored_plan)
+        now = self.clock()
+        snapshot = MetricsSnapshot.failed(METRICS_UNAVAILABLE, "not evaluated", now)
+        if isinstance(capacity, str):
+            decision = held_decision(state, NO_PLAN, capacity)
+        else:
+            try:
+                config = config_from_spec(spec, capacity.gpus_per_replica)
+                queries = queries_for(spec, namespace, name)
+            except (AutoscaleConfigError, QueryInputError) as exc:
+                decision = held_decision(state, INVALID_AUTOSCALING, str(exc))
+            else:
+                url = spec.autoscaling.prometheus_url or self.default_prometheus_url
+                if not url:
+                    snapshot = MetricsSnapshot.failed(
+                        METRICS_UNAVAILABLE, "no Prometheus URL: set spec.autoscaling.prometheusUrl or start the "
+                        "operator with --prometheus-url", now)
+                else:
+                    snapshot = await self._source(url).fetch_async(queries, now)
+                decision = decide(state, snapshot, config, capacity, now)
+
+        self.states[uid] = decision.state
+        now_dt = datetime.fromtimestamp(now, timezone.utc)
+        doc = status_document(decision, snapshot, now_dt, prev_auto)
+        wrote = False
+        if needs_write(prev_auto, doc, now_dt):
+            await kube.patch_status(API_VERSION, KIND, namespace, name, {"autoscaling": doc})
+            wrote = True
+        before = self.conditions.get(key, {})
+        after = merge_conditions(before, decision.condition_tuples())
+        self.conditions[key] = after
+        self.reconciler.autoscaler_conditions[key] = tuple(after.values())
+        conditions_changed = {t: c[1:3] for t, c in before.items()} != {t: c[1:3] for t, c in after.items()}
+        event = scaling_event(decision)
+        if event is not None:
+            log.info("%s/%s: %s", namespace, name, event[2])
+            await self.reconciler._event(body, *event)
+            try:
+                from meshplan import metrics
+
+                metrics.count_scaling(direction(decision) or "up", decision.reason)
+            except Exception:  # noqa: BLE001 - metrics never break the loop
+                pass
+        if decision.changed or conditions_changed or (wrote and prev_auto.get("toReplicas") != doc.get("toReplicas")):
+            self.enqueue(key)
+        return decision
+
+    def _capacity(self, namespace: str, name: str, uid: str, spec: Any, pods: list, current: int,
+                  ready: Any, stored_plan: str | None = None) -> ReplicaCapacity | str:
+        """The policy's capacity input (worker thread), or why there is none yet."""
+        from meshplan.controller.decide import live_groups, target_for
+        from meshplan.placement import request_for_layout
+
+        rec = self.reconciler
+        topology = rec.world.topology_without(namespace, name)
+        plan = rec._plan(uid, spec, topology, stored_plan)    # cached per object: the plan reconcile uses
+        if isinstance(plan, str):
+            return plan
+        if plan.choice is None:
+            return f"no plan fits the free GPUs: {plan.reason}"
+        target = target_for(spec, plan, topology, bool(rec.compute_domains))
+        selector = dict(target.pods.node_selector)
+        layout = replace(plan.choice.layout, dp=1)
+        request = request_for_layout(layout, target.gpus_per_node or 1, replicas=0, product=target.product,
+                                     node_selector=selector)
+        groups = [g for g in live_groups(pods).values() if g.complete() and all(g.nodes())]
+        existing = {pos: [n or "" for n in g.nodes()] for pos, g in enumerate(groups[:current])}
+        rps, concurrency = per_replica_capacity(plan.choice, spec.workload.output_tokens)
+        try:
+            cfg = config_from_spec(spec, request.gpus_per_replica)
+            upper = cfg.max_replicas
+        except AutoscaleConfigError:
+            upper = current
+        return replica_capacity(request, topology.select(selector), current=current, max_replicas=max(upper, current),
+                                existing=existing, requests_per_s_at_slo=rps, concurrency_at_slo=concurrency,
+                                ready_replicas=ready if isinstance(ready, int) else None)
+
+    async def run(self, keys: Callable[[], list]) -> None:
+        """Evaluate every autoscaled object when due; at most CONCURRENT_EVALUATIONS at once."""
+        running: dict[tuple[str, str], asyncio.Task] = {}
+        while True:
+            now = time.monotonic()
+            for key in keys():
+                key = tuple(key)
+                if key in running or len(running) >= CONCURRENT_EVALUATIONS or not self.due(key, now):
+                    continue
+                running[key] = asyncio.create_task(self._guarded(*key))
+            for key, task in list(running.items()):
+                if task.done():
+                    del running[key]
+            await asyncio.sleep(LOOP_TICK_S)
+
+    async def _guarded(self, namespace: str, name: str) -> None:
+        try:
+            await self.evaluate(namespace, name)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - one object's failure must not stop the others
+            log.exception("autoscaling of %s/%s failed", namespace, name)
+
+
+AUTOSCALER: Autoscaler | None = None
+
+
+# ----------------------------------------------------------------------------- kopf wiring
+
+
+@kopf.index(handlers.GROUP, handlers.VERSION, handlers.PLURAL)
+def autoscaled_llmds(namespace: str, name: str, spec: kopf.Spec, **_: Any) -> dict[str, Any] | None:
+    """LLMDeployments with spec.autoscaling.enabled (the loop's work list)."""
+    if (spec.get("autoscaling") or {}).get("enabled") is True:
+        return {indexes.ALL_KEY: (namespace, name)}
+    return None
+
+
+@kopf.on.startup()
+async def start_autoscaler(autoscaled_llmds: kopf.Index, **_: Any) -> None:
+    async def main() -> None:
+        global AUTOSCALER
+        while handlers.STATE.reconciler is None:      # the handlers' startup creates it
+            await asyncio.sleep(0.1)
+        AUTOSCALER = Autoscaler(handlers.STATE.reconciler, handlers.STATE.enqueue, DEFAULT_PROMETHEUS_URL)
+        handlers.AUTOSCALE_HOOK = AUTOSCALER.hook
+        await AUTOSCALER.run(lambda: indexes.values(autoscaled_llmds, indexes.ALL_KEY))
+
+    _TASKS.append(asyncio.create_task(main()))
+
+
+@kopf.on.cleanup()
+async def stop_autoscaler(**_: Any) -> None:
+    for t in _TASKS:
+        t.cancel()
+    await asyncio.gather(*_TASKS, return_exceptions=True)
+    _TASKS.clear()
+    if AUTOSCALER is not None:
+        for src in AUTOSCALER.sources.values():
+            src.close()
+
+
+_TASKS: list[asyncio.Task] = []
+
+__all__ = ["Autoscaler", "DEFAULT_PROMETHEUS_URL", "config_from_spec", "evaluation_interval_s", "merge_conditions",
+           "needs_write", "per_replica_capacity", "queries_for", "rate_window_s", "scaling_event",
+           "state_from_status", "status_document"]
