@@ -418,9 +418,14 @@ class Autoscaler:
             upper = cfg.max_replicas
         except AutoscaleConfigError:
             upper = current
-        return replica_capacity(request, topology.select(selector), current=current, max_replicas=max(upper, current),
-                                existing=existing, requests_per_s_at_slo=rps, concurrency_at_slo=concurrency,
-                                ready_replicas=ready if isinstance(ready, int) else None)
+        topo = topology.select(selector)
+        cap = replica_capacity(request, topo, current=current, max_replicas=max(upper, current), existing=existing,
+                               requests_per_s_at_slo=rps, concurrency_at_slo=concurrency,
+                               ready_replicas=ready if isinstance(ready, int) else None)
+        # The ScalingLimited message shows what is free beside this deployment's own running groups.
+        own = [(p.node, p.gpus) for g in groups for p in g.pods.values() if p.node]
+        free = topo.with_usage(own).free_gpus_by_domain()
+        return replace(cap, free_gpus_by_domain=tuple(sorted(free.items())))
 
     async def run(self, keys: Callable[[], list]) -> None:
         """Evaluate every autoscaled object when due; at most CONCURRENT_EVALUATIONS at once."""
