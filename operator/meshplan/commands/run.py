@@ -67,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
 
         metrics.start_metrics_server(args.metrics_port)
     kopf.configure(verbose=args.verbose)
+    import asyncio
+
+    asyncio.run(wait_for_api_discovery(handlers.OPTIONS.kubeconfig))
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     if not args.verbose:
         # kopf logs every handler call at INFO; child events would flood the log.
@@ -80,3 +83,37 @@ def run(args: argparse.Namespace) -> int:
         liveness_endpoint=args.liveness,
     )
     return 0
+
+
+async def wait_for_api_discovery(kubeconfig: str | None, timeout_s: float = 60.0) -> bool:
+    """Wait until the API server's discovery lists llmdeployments.meshplan.dev.
+
+    kopf finds resources through discovery when it starts (and again only when a
+    CRD changes); a CRD installed moments before the operator may be Established
+    but not yet in discovery, and kopf would then never watch LLMDeployments.
+    """
+    import asyncio
+    import logging
+    import time
+
+    from meshplan.controller.kube import ApiError, Kube, load_credentials
+
+    log = logging.getLogger("meshplan.run")
+    kube = Kube(load_credentials(kubeconfig))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                groups = await kube.request("GET", "/apis")
+                listed = any(g.get("name") == "meshplan.dev" for g in groups.get("groups") or [])
+                doc = await kube.request("GET", "/apis/meshplan.dev/v1alpha1") if listed else {}
+                if any(r.get("name") == "llmdeployments" for r in doc.get("resources") or []):
+                    return True
+            except (ApiError, OSError, asyncio.TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                log.warning("llmdeployments.meshplan.dev is not served yet (is the CRD installed?); starting anyway")
+                return False
+            await asyncio.sleep(0.5)
+    finally:
+        await kube.close()

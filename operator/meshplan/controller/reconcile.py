@@ -242,6 +242,8 @@ class Reconciler:
             t0 = time.monotonic()
             res = await self._reconcile(namespace, name)
             res.seconds = time.monotonic() - t0
+            if res.writes:
+                log.info("reconciled %s/%s in %.2fs: %d write(s)", namespace, name, res.seconds, res.writes)
             try:
                 from meshplan import metrics
 
