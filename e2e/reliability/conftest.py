@@ -41,7 +41,10 @@ def rel_fleet(cluster, request):
 
 def rel_namespace(cluster, request, prefix: str):
     """A namespace `<prefix>-<test>-<hash>`; everything in it deleted afterwards."""
-    ns = kit.namespace(cluster, prefix, f"{request.node.name[5:30]}-{_tag(request)}")
+    import uuid
+
+    # a random part: on a reused cluster the previous run's namespace may still be terminating
+    ns = kit.namespace(cluster, prefix, f"{request.node.name[5:28]}-{_tag(request)[:4]}{uuid.uuid4().hex[:4]}")
     return ns
 
 
