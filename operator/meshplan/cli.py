@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "render": "render",
     "crd": "crd",
     "run": "run",
+    "cleanup": "cleanup",
 }
 
 

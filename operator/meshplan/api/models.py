@@ -806,7 +806,10 @@ class AutoscalingSpec(ApiModel):
         description="Scale up above this ratio of observed percentile to target (1.0 = at the target).",
     )
     down_threshold: float = Field(
-        default=0.6, gt=0, le=10, description="Scale down when every ratio is below this. Must be below upThreshold."
+        default=0.8, gt=0, le=10,
+        description="Scale down when every ratio is below this. Must be below upThreshold. The default 0.8 "
+        "leaves room for latency floors: ITL at batch 1 is often 50-70% of a typical target, so a lower "
+        "threshold would never let replicas go.",
     )
     max_step_up: int = Field(default=4, ge=1, le=1000, description="Most replicas added in one decision.")
     max_step_down: int = Field(default=1, ge=1, le=1000, description="Most replicas removed in one decision.")
