@@ -182,6 +182,7 @@ def test_precision_and_features_flags():
     out, _ = render(hgx_h100(1), Layout(tp=8), "sglang", serving=sg, kv_dtype="fp8")
     args = pods_of(out)[0]["spec"]["containers"][0]["args"]
     assert "--disable-radix-cache" in args and "--enable-priority-scheduling" in args
+    assert "--enable-metrics" in args  # the autoscaler's sglang:* histograms are off by default
     assert args[args.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
 
 

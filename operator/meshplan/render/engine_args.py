@@ -349,6 +349,11 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
             flags["--revision"] = serving.revision
         flags.update(el.flags)
         flags.update(_weight_flags(engine, candidate.weight_dtype, serving.checkpoint_dtype, explain))
+        # SGLang serves /metrics only when asked; the autoscaler reads its latency histograms there
+        flags["--enable-metrics"] = True
+        explain.append(Explanation("--enable-metrics", "true", "expose sglang:* Prometheus metrics for SLO "
+                                   "autoscaling (off by default in SGLang)",
+                                   "docs.sglang.io/references/production_metrics"))
         if serving.max_model_len:
             flags["--context-length"] = serving.max_model_len
         if not serving.prefix_caching:
