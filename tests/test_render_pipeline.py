@@ -98,7 +98,11 @@ def test_render_command_prints_the_planned_pods(capsys):
         assert f"TP{args[args.index('--tensor-parallel-size') + 1]}" == tp
 
 
-def test_render_command_fails_clearly_without_matching_nodes(capsys):
-    rc = main(["render", str(EXAMPLES / "mixtral-8x7b-l40s.yaml"), "--fleet", "mixed"])
+def test_render_command_fails_clearly_without_matching_nodes(capsys, tmp_path):
+    manifest = yaml.safe_load((EXAMPLES / "mixtral-8x7b-l40s.yaml").read_text())
+    manifest["spec"]["gpus"]["nodeSelector"] = {"node.kubernetes.io/instance-type": "no-such-instance"}
+    path = tmp_path / "mixtral-nowhere.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    rc = main(["render", str(path), "--fleet", "mixed"])
     err = capsys.readouterr().err
     assert rc == 1 and "no feasible plan" in err
