@@ -281,6 +281,7 @@ class Autoscaler:
     intervals: dict[tuple[str, str], float] = field(default_factory=dict)
     sources: dict[str, PrometheusSource] = field(default_factory=dict)
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    uids: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def due(self, key: tuple[str, str], now_mono: float) -> bool:
         last = self.last_eval.get(key)
@@ -289,6 +290,7 @@ class Autoscaler:
     def forget(self, key: tuple[str, str]) -> None:
         for d in (self.conditions, self.last_eval, self.intervals, self.locks):
             d.pop(key, None)
+        self.states.pop(self.uids.pop(key, ""), None)
         self.reconciler.autoscaler_conditions.pop(key, None)
 
     def _source(self, url: str) -> PrometheusSource:
@@ -298,9 +300,10 @@ class Autoscaler:
         return src
 
     async def hook(self, namespace: str, name: str) -> None:
-        """`handlers.AUTOSCALE_HOOK`: evaluate unless this object was evaluated within its interval."""
+        """`handlers.AUTOSCALE_HOOK`: evaluate an autoscaled object unless evaluated within its interval
+        (objects never autoscaled cost nothing: the loop's list finds the new ones)."""
         key = (namespace, name)
-        if self.due(key, time.monotonic()):
+        if key in self.last_eval and self.due(key, time.monotonic()):
             await self.evaluate(namespace, name)
 
     async def evaluate(self, namespace: str, name: str) -> Decision | None:
@@ -327,13 +330,19 @@ class Autoscaler:
         except ValidationError:
             return None                      # the reconciler reports InvalidSpec
         if not spec.autoscaling.enabled:
-            if self.reconciler.autoscaler_conditions.pop(key, None) is not None:
-                self.enqueue(key)            # drop ScalingActive/ScalingLimited of the autoscaler
-            self.intervals[key] = MAX_INTERVAL_S
+            # Turned off: spec.replicas rules again; drop our conditions and the last decision.
+            had = self.reconciler.autoscaler_conditions.get(key) is not None
+            if (body.get("status") or {}).get("autoscaling") is not None:
+                await kube.patch_status(API_VERSION, KIND, namespace, name, {"autoscaling": None})
+                had = True
+            self.forget(key)
+            if had:
+                self.enqueue(key)
             return None
         self.intervals[key] = evaluation_interval_s(spec.autoscaling.up_window_seconds)
         meta, status = body.get("metadata") or {}, body.get("status") or {}
         uid = meta.get("uid", "")
+        self.uids[key] = uid
         prev_auto = status.get("autoscaling") or {}
         current = desired_replicas(spec, status)
         state = self.states.get(uid)
@@ -428,18 +437,30 @@ class Autoscaler:
         return replace(cap, free_gpus_by_domain=tuple(sorted(free.items())))
 
     async def run(self, keys: Callable[[], list]) -> None:
-        """Evaluate every autoscaled object when due; at most CONCURRENT_EVALUATIONS at once."""
+        """Evaluate every autoscaled object when due; at most CONCURRENT_EVALUATIONS at once.
+
+        An object that leaves the list (autoscaling turned off, or deleted) is evaluated once
+        more: that evaluation clears its conditions and last decision.
+        """
         running: dict[tuple[str, str], asyncio.Task] = {}
+        seen: set[tuple[str, str]] = set()
+        leaving: set[tuple[str, str]] = set()
         while True:
-            now = time.monotonic()
-            for key in keys():
-                key = tuple(key)
-                if key in running or len(running) >= CONCURRENT_EVALUATIONS or not self.due(key, now):
-                    continue
-                running[key] = asyncio.create_task(self._guarded(*key))
             for key, task in list(running.items()):
                 if task.done():
                     del running[key]
+            current = {tuple(k) for k in keys()}
+            leaving = (leaving | (seen - current)) - current
+            seen = current
+            now = time.monotonic()
+            for key in sorted(current) + sorted(leaving):
+                if key in running or len(running) >= CONCURRENT_EVALUATIONS:
+                    continue
+                if key in leaving:
+                    leaving.discard(key)
+                elif not self.due(key, now):
+                    continue
+                running[key] = asyncio.create_task(self._guarded(*key))
             await asyncio.sleep(LOOP_TICK_S)
 
     async def _guarded(self, namespace: str, name: str) -> None:
