@@ -159,8 +159,9 @@ TP_FLAG = {"vllm": "--tensor-parallel-size", "sglang": "--tp-size", "trtllm": "-
     ("gpt-moe-1.8t-gb200-nvl72.yaml", "gb200-nvl72", {}),
     ("llama-3.1-8b-1gpu.yaml", "mixed", {}),
     # the example's node selector names an AWS instance type the simulated fleet does not label
-    ("mixtral-8x7b-l40s.yaml", "mixed", {"gpus": {"products": ["NVIDIA-L40S"], "maxGpus": 8}}),
-], ids=["hgx-h100-llama-70b", "gb200-nvl72-gpt-moe", "mixed-llama-8b", "mixed-mixtral-l40s"])
+    ("mixtral-8x7b-l40s.yaml", "mixed", {}),
+    ("deepseek-r1-h200.yaml", "mixed", {}),
+], ids=["hgx-h100-llama-70b", "gb200-nvl72-gpt-moe", "mixed-llama-8b", "mixed-mixtral-l40s", "mixed-deepseek-r1"])
 def test_example_becomes_available_on_one_nvlink_domain_per_replica(cluster, ns, file, fleet, overrides):
     m = _example(file, fleet, **copy.deepcopy(overrides))
     m["spec"]["gpus"]["nodeSelector"] = {"meshplan.dev/fleet": fleet}
@@ -193,7 +194,12 @@ def test_example_becomes_available_on_one_nvlink_domain_per_replica(cluster, ns,
     argv = c.get("command", []) + c.get("args", [])
     text = " ".join(argv)
     flag = TP_FLAG[engine]
-    assert f"{flag} {plan['tp']}" in text or f"{flag}={plan['tp']}" in text, text
+    # the engine's own spelling of the planned layout (SGLang's --tp-size covers TP x EP with DP attention)
+    from meshplan.planner.engines import engine_layout
+    from meshplan.planner.types import Layout
+
+    want = engine_layout(Layout(tp=plan["tp"], ep=plan["ep"], pp=plan["pp"]), engine).flags[flag]
+    assert f"{flag} {want}" in text or f"{flag}={want}" in text, text
     env = {e["name"]: e.get("value") for e in c["env"]}
     # every NCCL variable the render explains on the pod is set to the explained value
     explained = [line.split(" ", 2)[1] for line in leader["metadata"]["annotations"]["meshplan.dev/explain"].splitlines()
