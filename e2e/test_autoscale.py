@@ -13,8 +13,10 @@ What issue 6 asks, in order:
 - capacity exhaustion sets ScalingLimited (InsufficientCapacity, with numbers)
   and never creates a partial replica group;
 - Prometheus down (a private instance, stopped) holds the count and sets
-  ScalingActive=False (MetricsUnavailable);
-- with autoscaling off, the scale subresource (`kubectl scale`) rules.
+  ScalingActive=False (MetricsUnavailable); NaN answers hold it too (MetricsInvalid);
+- with autoscaling off, the scale subresource (`kubectl scale`) rules, and the
+  autoscaler's status and condition are gone;
+- the operator's metrics count the scalings (meshplan_scaling_decisions_total).
 """
 
 from __future__ import annotations
@@ -315,8 +317,45 @@ def test_prometheus_down_holds_replicas_and_sets_the_condition(cluster, ns, flee
             o = _get(cluster, ns, name)
             assert _auto(o)["toReplicas"] == 2 and o["status"]["desiredReplicas"] == 2, _auto(o)
             time.sleep(2)
+
+        # Garbage instead of metrics: a "Prometheus" that answers every query with NaN.
+        garbage = _garbage_prometheus()
+        try:
+            cluster.kubectl("patch", "llmd", name, "-n", ns, "--type=merge", "-p", json.dumps(
+                {"spec": {"autoscaling": {"prometheusUrl": f"http://127.0.0.1:{garbage.server_address[1]}"}}}))
+            o = _wait(lambda: (lambda o: o if _cond(o, "ScalingActive").get("reason") == "MetricsInvalid" else None)(
+                _get(cluster, ns, name)), 30, "ScalingActive=False MetricsInvalid", lambda: _get(cluster, ns, name))
+            print(f"ScalingActive: {_cond(o, 'ScalingActive')['message']}")
+            assert _auto(o)["toReplicas"] == 2 and o["status"]["desiredReplicas"] == 2
+        finally:
+            garbage.shutdown()
     finally:
         prom.cleanup()
+
+
+def _garbage_prometheus():
+    """An HTTP server speaking the Prometheus query API with a NaN for every query."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+                {"metric": {}, "value": [time.time(), "NaN"]}]}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def test_without_autoscaling_the_scale_subresource_rules(cluster, ns):
