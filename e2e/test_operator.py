@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import hashlib
+import os
 import json
 import time
 from pathlib import Path
@@ -34,10 +35,10 @@ OperatorProcess = operator_runner.OperatorProcess
 
 
 @pytest.fixture(scope="module")
-def operator(cluster, request):
+def operator(cluster, operator_kubeconfig, request):
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
     cluster.kubectl("wait", "--for=condition=Established", "crd/llmdeployments.meshplan.dev", "--timeout=60s")
-    op = OperatorProcess(cluster.kubeconfig, [NS_GLOB]).start()
+    op = OperatorProcess(operator_kubeconfig, [NS_GLOB]).start()
     failed_before = request.session.testsfailed
     yield op
     op.stop()
@@ -49,7 +50,7 @@ def operator(cluster, request):
 def ns(cluster, operator, request):
     """A namespace the operator serves; the test's LLMDeployments and their pods are gone after it."""
     name = f"mp-op-{request.node.name[5:25].lower().replace('_', '-').strip('-')}-" \
-           f"{hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:5]}"
+           f"{hashlib.sha1((request.node.nodeid + str(os.getpid())).encode()).hexdigest()[:5]}"
     name = "".join(c for c in name if c.isalnum() or c == "-")
     cluster.kubectl("create", "namespace", name)
     yield name
