@@ -177,18 +177,19 @@ def test_fit_recovers_synthetic_measurements():
     assert cal.loss(scenarios, fitted, ttft_weight=0.0) < 0.03  # TPOT within ~3% on average
 
 
-def test_clipped_loss_caps_each_rows_error():
-    """The TTFT stage's robust loss: a run measured 100x off counts as `clip`, not log(100)."""
+def test_ttft_stage_loss_is_relative_error_capped():
+    """The TTFT stage's robust loss: a run measured 100x off counts as `clip`, a near one
+    as its relative error; without a clip the loss is the mean |log| error."""
     from meshplan.planner import calibration as cal
 
     sc = cal.Scenario(id="s", model=LLAMA70, model_key="llama", gpu=H100, engine="vllm", weight_dtype="fp8",
                       kv_dtype="fp8", isl=1024, osl=512, concurrency=8,
                       mapping=ReplicaMapping(attn_tp=4, moe_tp=4))
     ttft, _ = cal.predict_scenario(sc, FITTED_PARAMS)
-    near = dataclasses.replace(sc, measured_ttft_ms=ttft * 1.2)
-    far = dataclasses.replace(sc, measured_ttft_ms=ttft * 100.0)
+    near = dataclasses.replace(sc, measured_ttft_ms=ttft / 1.2)      # predicted 20% high
+    far = dataclasses.replace(sc, measured_ttft_ms=ttft * 100.0)     # predicted 99% low
     both = [near, far]
     plain = cal.loss(both, FITTED_PARAMS, tpot_weight=0.0, ttft_weight=1.0)
-    clipped = cal.loss(both, FITTED_PARAMS, tpot_weight=0.0, ttft_weight=1.0, clip=1.0)
+    clipped = cal.loss(both, FITTED_PARAMS, tpot_weight=0.0, ttft_weight=1.0, clip=0.7)
     assert plain == pytest.approx((math.log(1.2) + math.log(100.0)) / 2)
-    assert clipped == pytest.approx((math.log(1.2) + 1.0) / 2)
+    assert clipped == pytest.approx((0.2 + 0.7) / 2)
