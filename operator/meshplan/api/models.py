@@ -79,7 +79,7 @@ Objective = Literal["maxThroughput", "bestInteractivity", "balanced", "minCostWi
 AutoOnOff = Literal["auto", "enabled", "disabled"]
 Percentile = Literal[50, 90, 95, 99]
 Transport = Literal["auto", "nvlink", "infiniband", "roce", "efa", "tcp"]
-ConditionType = Literal["Planned", "Placed", "Available", "Progressing", "Degraded", "ScalingLimited"]
+ConditionType = Literal["Planned", "Placed", "Available", "Progressing", "Degraded", "ScalingLimited", "ScalingActive"]
 
 # Bits per weight/KV element of each dtype: the order `precision.accuracyFloor` uses.
 DTYPE_BITS: dict[str, int] = {"bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "fp4": 4}
@@ -1019,7 +1019,7 @@ class Condition(ApiModel):
     """A metav1.Condition: the standard shape of an observation."""
 
     type: str = _str(
-        "Condition type: Planned, Placed, Available, Progressing, Degraded or ScalingLimited.", 316,
+        "Condition type: Planned, Placed, Available, Progressing, Degraded, ScalingLimited or ScalingActive (autoscaler metrics healthy).", 316,
         r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
@@ -1095,7 +1095,7 @@ class LLMDeploymentStatus(ApiModel):
     observed_generation: int | None = Field(default=None, ge=0, description="metadata.generation last reconciled.")
     conditions: list[Condition] = Field(
         default_factory=list, max_length=16,
-        description="Planned, Placed, Available, Progressing, Degraded, ScalingLimited.",
+        description="Planned, Placed, Available, Progressing, Degraded, ScalingLimited, ScalingActive.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     plan: PlanStatus | None = Field(default=None, description="The chosen plan and its predictions.")

@@ -79,7 +79,7 @@ def assess(
     age = snapshot.sample_age_s
     if age is not None:
         if not math.isfinite(age) or age < -_CLOCK_SLACK_S:
-            return (METRICS_INVALID, f"sample age {age!r}s is not a valid age")
+            return (METRICS_INVALID, f"sample age {age!r} (seconds) is not a valid age")
         if age > max_age_s:
             return (METRICS_STALE, f"newest engine scrape is {age:.0f}s old (limit {max_age_s:.0f}s); are the exporters still scraped?")
     for name in _FIELDS_NON_NEGATIVE:
