@@ -14,8 +14,10 @@ Algorithm (facts in ../shared/docs/planner.md, "Time" and "Communication"):
      reads only the DISTINCT experts the step touches, `E/ep * (1 - (1 - k/E)^T)`,
      and computes `T * k / ep` token-experts, scaled by `moe_eff`;
    - communication: TP all-reduce (ring, 2 per layer), EP dispatch + combine
-     (all-to-all), each over NVLink while the group fits the NVLink domain and
-     the NIC for the share of traffic that leaves it, with a per-collective latency;
+     (all-to-all), each over NVLink while the group fits the NVLink domain; beyond
+     it an all-to-all sends the share of traffic that leaves the domain through
+     each GPU's own NIC, while an all-reduce's rings spread over all the domain's
+     NICs (`_allreduce_bw`); each with a per-collective latency;
    - a fixed `layer_us` per layer (kernel launches that CUDA graphs do not hide),
    plus `iter_ms` per iteration (scheduler, sampling).
 2. DECODE (TPOT): at concurrency B the engine runs `B_run = min(B, max_num_seqs,
@@ -152,7 +154,7 @@ class _Stage:
     peak_gemm: float             # FLOP/s for weight GEMMs
     peak_attn: float             # FLOP/s for attention (bf16)
     hbm: float                   # bytes/s
-    tp_bw: float                 # bytes/s one direction for TP collectives
+    tp_bw: float                 # bytes/s one direction for TP all-reduce
     ep_bw: float                 # effective bytes/s for EP all-to-all
     tp_cross: bool               # TP group crosses the NVLink domain
     ep_cross: bool               # EP group crosses the NVLink domain
@@ -176,6 +178,25 @@ def _link_bw(gpu: GpuSpec, group: int) -> float:
     inside = (gpu.nvlink_domain - 1) / (group - 1) if nv > 0 else 0.0
     outside = 1.0 - inside
     return 1.0 / ((inside / nv if nv else 0.0) + outside / nic)
+
+
+def _allreduce_bw(gpu: GpuSpec, group: int) -> float:
+    """Effective bandwidth (bytes/s) of a ring all-reduce over `group` GPUs.
+
+    Unlike an all-to-all (each GPU sends its own data to peers in other domains,
+    through its own NIC: `_link_bw`), NCCL runs an all-reduce as several rings
+    (channels), each splitting a share of the data and crossing every domain
+    boundary once, on a different NIC per channel; a domain's NICs therefore carry
+    the inter-domain traffic in parallel and the ring runs at the slower of NVLink
+    and (GPUs per domain) x NIC. Source: NCCL's multi-channel rings
+    (one ring per NIC/GPU pair, NCCL_MIN_NCHANNELS / NCCL_CROSS_NIC in the NCCL
+    environment-variable docs); nccl-tests report inter-node all-reduce bus
+    bandwidth of the order of the aggregate NIC bandwidth per node, not of one NIC.
+    """
+    if group <= gpu.nvlink_domain or gpu.nvlink_domain <= 1:
+        return _link_bw(gpu, group)
+    # the group spans whole domains; every GPU of a domain has its own NIC
+    return min(gpu.nvlink_uni_gb_s * 1e9, gpu.nvlink_domain * gpu.nic_gb_s * 1e9)
 
 
 @lru_cache(maxsize=8192)
@@ -225,7 +246,7 @@ def _stage(model: ModelArch, gpu: GpuSpec, m: ReplicaMapping, weight_dtype: str,
         peak_gemm=gpu.peak_flops(weight_dtype),
         peak_attn=gpu.peak_flops("bf16"),
         hbm=gpu.hbm_tb_s * 1e12,
-        tp_bw=_link_bw(gpu, tp),
+        tp_bw=_allreduce_bw(gpu, tp),
         ep_bw=_link_bw(gpu, m.moe_tp * m.moe_ep),
         tp_cross=tp > gpu.nvlink_domain,
         ep_cross=m.moe_tp * m.moe_ep > gpu.nvlink_domain,
