@@ -22,6 +22,7 @@ What issue 6 asks, in order:
 from __future__ import annotations
 
 import hashlib
+import os
 import importlib.util
 import json
 import re
@@ -52,7 +53,7 @@ INTERVAL_S = 2.5          # controller.autoscaling.evaluation_interval_s(10 s)
 
 
 @pytest.fixture(scope="module")
-def operator(cluster, request):
+def operator(cluster, operator_kubeconfig, request):
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
     cluster.kubectl("wait", "--for=condition=Established", "crd/llmdeployments.meshplan.dev", "--timeout=60s")
     import socket
@@ -60,7 +61,7 @@ def operator(cluster, request):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         metrics_port = s.getsockname()[1]
-    op = operator_runner.OperatorProcess(cluster.kubeconfig, [NS_GLOB], "--prometheus-url", cluster.prometheus_url,
+    op = operator_runner.OperatorProcess(operator_kubeconfig, [NS_GLOB], "--prometheus-url", cluster.prometheus_url,
                                          "--metrics-port", str(metrics_port)).start()
     op.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     failed_before = request.session.testsfailed
@@ -73,7 +74,7 @@ def operator(cluster, request):
 @pytest.fixture
 def ns(cluster, operator, request):
     name = f"mp-as-{request.node.name[5:22].lower().replace('_', '-').strip('-')}-" \
-           f"{hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:5]}"
+           f"{hashlib.sha1((request.node.nodeid + str(os.getpid())).encode()).hexdigest()[:5]}"
     name = "".join(c for c in name if c.isalnum() or c == "-")
     cluster.kubectl("create", "namespace", name)
     yield name
