@@ -63,15 +63,59 @@ def desired_replicas(spec: Any, status: Mapping[str, Any] | None) -> int:
     return max(a.min_replicas, min(n, hi))
 
 
-def plan_key(spec: Any, topology: Topology) -> str:
-    """Hash of what the plan depends on: the spec without replicas/autoscaling, and the fleet's shape."""
+def _planned_spec(spec: Any) -> dict[str, Any]:
     doc = spec.to_manifest()
     doc.pop("replicas", None)
     doc.pop("autoscaling", None)
+    return doc
+
+
+def plan_key(spec: Any, topology: Topology) -> str:
+    """Hash of what the plan depends on: the spec without replicas/autoscaling, and the fleet's shape."""
     shape = sorted((d.name, d.product, d.total_gpus, d.zone) for d in topology.select(
         dict(spec.gpus.node_selector or {})).domains)
-    raw = json.dumps({"spec": doc, "fleet": shape}, sort_keys=True, default=str)
+    raw = json.dumps({"spec": _planned_spec(spec), "fleet": shape}, sort_keys=True, default=str)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def spec_key(spec: Any) -> str:
+    """Hash of the spec part of `plan_key` alone (did the user change what is planned?)."""
+    return hashlib.sha256(json.dumps(_planned_spec(spec), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def labels_can_carry(name: str) -> bool:
+    """Whether `name` can be the value of the children's deployment label (and name Services). The
+    API server admits custom resource names up to 253 characters with dots; a longer label value
+    makes even the LIST of children fail, so this is checked before listing (the parse in `_decide`
+    then reports the same rule of `api.models.LLMDeployment` as InvalidSpec naming metadata.name)."""
+    import re
+
+    from meshplan.api.models import DNS_LABEL_RE
+
+    return len(name) <= 63 and bool(re.match(DNS_LABEL_RE, name))
+
+
+# Label syntax (k8s.io/apimachinery validation: IsQualifiedName for keys, IsValidLabelValue for values).
+_LABEL_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+_LABEL_PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+
+
+def node_selector_problems(selector: Mapping[str, str]) -> list[str]:
+    """spec.gpus.nodeSelector entries that are not valid label keys/values (they would never match a
+    node, and pods carrying them are refused): the user is told which, not "no capacity"."""
+    import re
+
+    out = []
+    for key, value in selector.items():
+        prefix, _, name = key.rpartition("/")
+        if not (re.fullmatch(_LABEL_NAME, name) and len(name) <= 63
+                and (not prefix or (len(prefix) <= 253 and re.fullmatch(_LABEL_PREFIX, prefix)))):
+            out.append(f"spec.gpus.nodeSelector: {key!r} is not a valid label key ([prefix/]name, name <= 63 "
+                       "characters of letters, digits, '-', '_', '.')")
+        if value and not (len(value) <= 63 and re.fullmatch(_LABEL_NAME, value)):
+            out.append(f"spec.gpus.nodeSelector[{key!r}]: {value!r} is not a valid label value (<= 63 characters "
+                       "of letters, digits, '-', '_', '.'; selector syntax such as ',' or '!=' is not allowed)")
+    return out
 
 
 def _capacity_message(spec: Any, topology: Topology, reason: str) -> tuple[str, str]:
@@ -224,6 +268,7 @@ class Reconciler:
     world: World
     compute_domains: bool | None = None            # None: look the CRD up once
     plans: dict[str, tuple[str, Any]] = field(default_factory=dict)   # uid -> (plan key, Plan)
+    plan_specs: dict[str, str] = field(default_factory=dict)           # uid -> spec_key of the cached plan
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
     # (namespace, name) -> (type, status, reason, message) tuples the autoscaler wants in status.conditions;
@@ -235,6 +280,7 @@ class Reconciler:
         self.autoscaler_conditions.pop((namespace, name), None)
         if uid:
             self.plans.pop(uid, None)
+            self.plan_specs.pop(uid, None)
 
     async def reconcile(self, namespace: str, name: str) -> Result:
         lock = self.locks.setdefault((namespace, name), asyncio.Lock())
@@ -262,9 +308,13 @@ class Reconciler:
         if self.compute_domains is None:
             self.compute_domains = await kube.crd_exists(COMPUTE_DOMAIN_CRD)
         selector = f"{LABEL_DEPLOYMENT}={name}"
-        pods, services = await asyncio.gather(kube.list("v1", "Pod", namespace, selector),
-                                              kube.list("v1", "Service", namespace, selector))
-        cds = await kube.list(CD_API, "ComputeDomain", namespace, selector) if self.compute_domains else []
+        if not labels_can_carry(name):
+            # No child can carry this name (the LIST by label would fail): report, create nothing.
+            pods, services, cds = [], [], []
+        else:
+            pods, services = await asyncio.gather(kube.list("v1", "Pod", namespace, selector),
+                                                  kube.list("v1", "Service", namespace, selector))
+            cds = await kube.list(CD_API, "ComputeDomain", namespace, selector) if self.compute_domains else []
         uid = body["metadata"].get("uid", "")
         # Only children this object owns (a same-named object from before a re-create is not ours).
         pods = [p for p in pods if _owned_by(p, uid)]
@@ -279,6 +329,7 @@ class Reconciler:
                                body={"metadata": {"annotations": {PLAN_ANNOTATION: value}}},
                                content_type="application/merge-patch+json")
 
+        refused = None
         for desired, live in outcome.apply:
             try:
                 await applier.apply(kube, desired, live)
@@ -286,6 +337,20 @@ class Reconciler:
                 log.warning("replacing %s: %s", desired["metadata"]["name"], exc)
                 await kube.delete(desired["apiVersion"], desired["kind"], namespace, desired["metadata"]["name"],
                                   uid=(live or {}).get("metadata", {}).get("uid"))
+            except ApiError as exc:
+                # 400/422 on create: what the spec renders is invalid for the API server (e.g. a pod over
+                # its size limits). Retrying cannot help until the spec changes: report it like an
+                # invalid spec (nothing else is changed) and look again at the waiting pace.
+                if exc.status not in (400, 422) or live is not None:
+                    raise
+                refused = (f"the API server refuses the {desired['kind']} {desired['metadata']['name']} this spec "
+                           f"renders: {exc.message[:600]}. Shrink what the spec adds to every pod "
+                           "(spec.engine.env, spec.nccl.env, spec.engine.extraArgs)")
+                log.warning("%s/%s: %s", namespace, name, refused)
+                break
+        if refused is not None:
+            outcome = await asyncio.to_thread(self._decide_in_thread, namespace, name, body, pods, services, cds,
+                                              refused)
         for api_version, kind, child, child_uid in outcome.delete:
             await kube.delete(api_version, kind, namespace, child, uid=child_uid or None)
         patch = status_patch(body.get("status"), outcome.status, OWNED_STATUS_KEYS)
@@ -306,13 +371,14 @@ class Reconciler:
         return Result(outcome.requeue_after_s, kube.writes - writes0, outcome)
 
     def _decide_in_thread(self, namespace: str, name: str, body: Mapping[str, Any], pods: list, services: list,
-                          cds: list) -> Outcome:
+                          cds: list, refused: str | None = None) -> Outcome:
         # The topology is built here, not on the event loop: it walks every GPU node and pod.
-        return self._decide(body, self.world.topology_without(namespace, name), pods, services, cds)
+        return self._decide(body, self.world.topology_without(namespace, name), pods, services, cds, refused)
 
     def _decide(self, body: Mapping[str, Any], topology: Topology, pods: list, services: list,
-                cds: list) -> Outcome:
-        """The pure part of a reconcile (runs in a worker thread)."""
+                cds: list, refused: str | None = None) -> Outcome:
+        """The pure part of a reconcile (runs in a worker thread). `refused`: the API server refused a
+        child this spec renders (reported as InvalidSpec; nothing is changed)."""
         from pydantic import ValidationError
 
         from meshplan.api.models import LLMDeployment, validate_semantics
@@ -327,12 +393,14 @@ class Reconciler:
         try:
             llmd = LLMDeployment.from_manifest(dict(body))
         except ValidationError as exc:
-            msg = "; ".join(f"spec.{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}"
-                            for e in exc.errors()[:5])
+            msg = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
             return decide(Inputs(desired_replicas=0, planned_reason="InvalidSpec", planned_message=msg, **common))
         spec = llmd.spec
         desired = desired_replicas(spec, status)
-        problems = validate_semantics(spec)
+        if refused is not None:
+            return decide(Inputs(desired_replicas=desired, planned_reason="InvalidSpec", planned_message=refused,
+                                 **common))
+        problems = validate_semantics(spec) + node_selector_problems(dict(spec.gpus.node_selector or {}))
         if problems and not (len(problems) == 1 and "predictions may not describe" in problems[0]):
             return decide(Inputs(desired_replicas=desired, planned_reason="InvalidSpec",
                                  planned_message="; ".join(problems), **common))
@@ -360,6 +428,7 @@ class Reconciler:
         restored = plan_from_annotation(stored, key)
         if restored is not None:
             self.plans[uid] = (key, restored)
+            self.plan_specs[uid] = spec_key(spec)
             return restored
         t0 = time.monotonic()
         try:
@@ -379,6 +448,13 @@ class Reconciler:
                 pass
         if plan.choice is not None:
             self.plans[uid] = (key, plan)
+            self.plan_specs[uid] = spec_key(spec)
+        elif cached is not None and self.plan_specs.get(uid) == spec_key(spec):
+            # Only the fleet changed (a node lost, cordoned) and the smaller fleet cannot hold the
+            # whole spec: keep the running layout. Placement then re-places or removes the groups
+            # that lost their nodes and reports what no longer fits (Placed=False with numbers);
+            # the deployment stays managed (drift is still undone) instead of being left as it is.
+            return cached[1]
         return plan
 
     async def _event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
