@@ -34,6 +34,8 @@ class OperatorProcess:
         for ns in self.namespaces:
             argv += ["--namespace", ns]
         log = open(self.log_path, "ab")
+        # A restart appends to the same log: look for the startup line only in what this run writes.
+        offset = self.log_path.stat().st_size
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         log.close()
@@ -41,7 +43,10 @@ class OperatorProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"meshplan run exited with {self.proc.returncode}:\n{self.tail()}")
-            if "Activity 'startup' succeeded" in self.log_path.read_text(errors="replace"):
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                started = b"Activity 'startup' succeeded" in f.read()
+            if started:
                 return self
             time.sleep(0.2)
         raise RuntimeError(f"meshplan run did not start in {timeout_s:.0f}s:\n{self.tail()}")
