@@ -117,6 +117,7 @@ OPERATOR_REPORTS = [
 
 
 def test_admitted_but_unrunnable_specs_are_reported_and_others_still_served(cluster, ns, op, fleet):
+    log_start = len(op.tail(10 ** 7))
     names = []
     for case, changes in OPERATOR_REPORTS:
         m = base(case, fleet)
@@ -127,18 +128,6 @@ def test_admitted_but_unrunnable_specs_are_reported_and_others_still_served(clus
             print(f"scenario 11: {case}: refused by the API server: {r.stderr.strip()[:200]}")
             continue
         names.append((case, m["metadata"]["name"]))
-    # a 1 MiB-class manifest the schema admits: 64 engine env vars and 64 NCCL vars of 4 KiB, 64 args of 1 KiB
-    big = base("big", fleet)
-    big["spec"]["engine"]["env"] = [{"name": f"BIG_{i}", "value": "v" * 4096} for i in range(64)]
-    big["spec"].setdefault("nccl", {})["env"] = [{"name": f"NCCL_BIG_{i}", "value": "n" * 4096} for i in range(64)]
-    big["spec"]["engine"]["extraArgs"] = [f"--x-{i}={'a' * 1000}" for i in range(64)]
-    size = len(json.dumps(big))
-    # create, not apply: apply's last-applied annotation alone would exceed the 256 KiB annotation limit
-    r = cluster.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(big), check=False)
-    if r.returncode == 0:
-        names.append(("big-manifest", "big"))
-    else:
-        print(f"scenario 11: big manifest ({size} bytes) refused: {r.stderr.strip()[:200]}")
     t0 = time.monotonic()
     results = {}
     for case, name in names:
@@ -165,7 +154,7 @@ def test_admitted_but_unrunnable_specs_are_reported_and_others_still_served(clus
     t1 = time.monotonic()
     kit.available(cluster, ns, "fine", timeout_s=90)
     print(f"scenario 11: all hostile objects reported in {report_s:.1f}s; a normal one Available "
-          f"{time.monotonic() - t1:.1f}s after apply; big manifest {size} bytes")
+          f"{time.monotonic() - t1:.1f}s after apply")
     bad = {c: r for c, r in results.items() if r[0] == "NOT REPORTED"}
     assert not bad, bad
     unclear = {c: r for c, r in results.items()
@@ -179,4 +168,39 @@ def test_admitted_but_unrunnable_specs_are_reported_and_others_still_served(clus
     for case in ("label-injection-selector-value", "label-injection-selector-key"):
         if case in results:
             assert results[case][0] == "InvalidSpec" and "spec.gpus.nodeSelector" in results[case][1], results[case]
-    assert op.tail(100000).count("Traceback") == 0, op.tail(200)
+    assert op.tail(10 ** 7)[log_start:].count("Traceback") == 0, op.tail(200)
+
+
+def _big(fleet: kit.Fleet) -> dict:
+    """A ~600 KB manifest the schema admits: 64 engine env vars and 64 NCCL vars of 4 KiB, 64 args of 1 KiB."""
+    big = base("big", fleet)
+    big["spec"]["engine"]["env"] = [{"name": f"BIG_{i}", "value": "v" * 4096} for i in range(64)]
+    big["spec"].setdefault("nccl", {})["env"] = [{"name": f"NCCL_BIG_{i}", "value": "n" * 4096} for i in range(64)]
+    big["spec"]["engine"]["extraArgs"] = [f"--x-{i}={'a' * 1000}" for i in range(64)]
+    return big
+
+
+def test_huge_admitted_manifest_is_reported(cluster, ns, op, fleet):
+    """The rendered pods would exceed the API server's 256 KiB annotation limit: InvalidSpec with the
+    API server's words, no pods, others still served."""
+    big = _big(fleet)
+    # create, not apply: apply's last-applied annotation alone would exceed the 256 KiB annotation limit
+    cluster.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(big))
+    o = kit.wait(lambda: (o := kit.get(cluster, ns, "llmd", "big")) and kit.cond(o, "Planned").get("status") == "False"
+                 and o, 90, "big reported")
+    planned = kit.cond(o, "Planned")
+    assert planned["reason"] == "InvalidSpec" and "262144 bytes" in planned["message"], planned
+    assert not kit.pods(cluster, ns)
+    kit.apply(cluster, ns, base("fine", fleet))
+    kit.available(cluster, ns, "fine", timeout_s=90)
+    print(f"scenario 11: {len(json.dumps(big))}-byte manifest: {planned['reason']}: {planned['message'][:200]}")
+
+
+@pytest.mark.xfail(strict=True, reason="open defect (docs/reliability.md): kopf's diff-base annotation "
+                   "(last-handled-configuration, the whole spec) exceeds 256 KiB for such a spec; kopf retries "
+                   "the annotation patch with a traceback every few seconds")
+def test_huge_admitted_manifest_causes_no_error_loop(cluster, ns, op, fleet):
+    log_start = len(op.tail(10 ** 7))
+    cluster.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(_big(fleet)))
+    time.sleep(15)
+    assert op.tail(10 ** 7)[log_start:].count("Traceback") == 0
