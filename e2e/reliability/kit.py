@@ -132,6 +132,17 @@ def operator(cluster, namespace_glob: str, *extra: str, metrics: bool = True) ->
     return op
 
 
+def serve_module(cluster, request, namespace_glob: str, log_lines: int = 120):
+    """Body of a module-scoped `op` fixture: one operator for the module, its log tail printed on failure."""
+    ensure_crd(cluster)
+    o = start(operator(cluster, namespace_glob))
+    failed = request.session.testsfailed
+    yield o
+    o.stop()
+    if request.session.testsfailed > failed:
+        print(f"\n----- operator log (tail) -----\n{o.tail(log_lines)}")
+
+
 def metric(op: OperatorProcess, name: str, labels: str = "") -> float:
     """One sample of the operator's /metrics (0 when absent)."""
     port = getattr(op, "metrics_port", None)

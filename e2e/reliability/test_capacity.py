@@ -24,13 +24,7 @@ HALF_RUNNING_GRACE_S = 5.0      # the reconcile after a pod loss deletes the res
 
 @pytest.fixture(scope="module")
 def op(cluster, request):
-    kit.ensure_crd(cluster)
-    o = kit.start(kit.operator(cluster, GLOB))
-    failed = request.session.testsfailed
-    yield o
-    o.stop()
-    if request.session.testsfailed > failed:
-        print(f"\n----- operator log (tail) -----\n{o.tail(120)}")
+    yield from kit.serve_module(cluster, request, GLOB)
 
 
 @pytest.fixture

@@ -29,13 +29,7 @@ GLOB = "mprel-hst-*"
 
 @pytest.fixture(scope="module")
 def op(cluster, request):
-    kit.ensure_crd(cluster)
-    o = kit.start(kit.operator(cluster, GLOB))
-    failed = request.session.testsfailed
-    yield o
-    o.stop()
-    if request.session.testsfailed > failed:
-        print(f"\n----- operator log (tail) -----\n{o.tail(150)}")
+    yield from kit.serve_module(cluster, request, GLOB, log_lines=150)
 
 
 @pytest.fixture(scope="module")
