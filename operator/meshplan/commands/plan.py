@@ -48,6 +48,21 @@ def _read_manifest(path: str) -> dict[str, Any]:
     raise ValueError(f"{path}: no LLMDeployment document found (kind: LLMDeployment)")
 
 
+def load_deployment(path: str, prog: str) -> Any:
+    """The LLMDeployment in a manifest file, checked as the operator would; None after printing why not."""
+    from meshplan.api.models import LLMDeployment, validate_semantics
+
+    try:
+        llmd = LLMDeployment.from_manifest(_read_manifest(path))
+    except (OSError, ValueError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+    problems = validate_semantics(llmd.spec)
+    for msg in problems:
+        print(f"{prog}: {msg}", file=sys.stderr)
+    return None if problems else llmd
+
+
 def fleet_from_kubeconfig(path: str, node_selector: dict[str, str] | None = None) -> Any:
     """Free GPU capacity of a live cluster (the only I/O of the planner's CLI)."""
     from kubernetes import client, config
@@ -66,20 +81,11 @@ KUBE_TIMEOUT_S = 15     # per API request; a planner CLI should fail fast on an 
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshplan.api.models import LLMDeployment, validate_semantics
     from meshplan.planner import plan_for_spec, plan_to_dict
     from meshplan.planner.fleet import load_fleet
 
-    try:
-        manifest = _read_manifest(args.manifest)
-        llmd = LLMDeployment.from_manifest(manifest)
-    except (OSError, ValueError) as exc:
-        print(f"meshplan plan: {exc}", file=sys.stderr)
-        return 2
-    problems = validate_semantics(llmd.spec)
-    if problems:
-        for msg in problems:
-            print(f"meshplan plan: {msg}", file=sys.stderr)
+    llmd = load_deployment(args.manifest, "meshplan plan")
+    if llmd is None:
         return 2
     selector = dict(llmd.spec.gpus.node_selector or {})
     try:

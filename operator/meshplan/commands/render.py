@@ -77,21 +77,13 @@ def _header(result: Any, fleet: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
-    from meshplan.api.models import LLMDeployment, validate_semantics
-    from meshplan.commands.plan import _read_manifest
+    from meshplan.commands.plan import load_deployment
     from meshplan.render import RenderError
     from meshplan.render.pipeline import plan_place_render
     from meshplan.topology import build_topology
 
-    try:
-        llmd = LLMDeployment.from_manifest(_read_manifest(args.manifest))
-    except (OSError, ValueError) as exc:
-        print(f"meshplan render: {exc}", file=sys.stderr)
-        return 2
-    problems = validate_semantics(llmd.spec)
-    if problems:
-        for msg in problems:
-            print(f"meshplan render: {msg}", file=sys.stderr)
+    llmd = load_deployment(args.manifest, "meshplan render")
+    if llmd is None:
         return 2
     try:
         nodes, pods, from_file = _nodes_and_pods(args, llmd.name, llmd.namespace)
