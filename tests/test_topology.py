@@ -146,3 +146,53 @@ def test_with_usage_and_to_fleet():
     assert (by_name["hgx-0"].free_gpus, by_name["hgx-1"].free_gpus, by_name["l40s-0"].free_gpus) == (0, 8, 3)
     assert by_name["hgx-0"].gpu == "h100_sxm" and by_name["l40s-0"].nvlink is False
     assert fleet.free_gpus == after.free_gpus == 11
+
+
+def _mixed_fleet() -> list[dict]:
+    """HGX nodes in two zones, two NVL72 racks, and one clique whose trays sit in two zones (split)."""
+    nodes = hgx_h100(3, zone="zone-a") + hgx_h100(2, zone="zone-b", prefix="hgxb") + gb200_nvl72(2, 4)
+    nodes += [gpu_node("split-a", "NVIDIA-GB200", 4, zone="zone-a", clique="c.9"),
+              gpu_node("split-b", "NVIDIA-GB200", 4, zone="zone-b", clique="c.9")]
+    for n in nodes[:2]:
+        n["metadata"]["labels"]["team"] = "x"
+    nodes[7]["metadata"]["labels"]["team"] = "x"          # one tray of a rack: that domain is cut
+    return nodes
+
+
+def _rebuilt(topo, keep):
+    """What select/with_usage must equal: the full build over the kept nodes and their usage."""
+    states = [s for n, s in topo.nodes.items() if keep(s.info)]
+    return build_topology_from_infos([s.info for s in states], [(s.name, s.used_gpus) for s in states])
+
+
+def test_select_equals_a_rebuild_of_the_matching_nodes():
+    pods = [gpu_pod("a", "hgx-1", 3), gpu_pod("b", "nvl72-0-02", 4), gpu_pod("c", "split-b", 2)]
+    topo = build_topology(_mixed_fleet(), pods)
+    selectors = [{"topology.kubernetes.io/zone": "zone-a"},              # drops one part of the split clique
+                 {"topology.kubernetes.io/zone": "zone-b"},
+                 {"nvidia.com/gpu.product": "NVIDIA-GB200"},             # keeps both parts
+                 {"team": "x"},                                          # cuts a rack domain
+                 {"team": "nobody"}]
+    for sel in selectors:
+        got = topo.select(sel)
+        want = _rebuilt(topo, lambda i: i.matches(sel))
+        assert (got.nodes, got.domains) == (want.nodes, want.domains), sel
+        assert got.excluded == topo.excluded
+        assert topo.select(dict(sel)) is got                             # asked again: the same view
+    names = {d.name for d in topo.select({"topology.kubernetes.io/zone": "zone-a"}).domains}
+    assert "c.9" in names and not any(n.startswith("c.9/") for n in names)    # no longer split
+
+
+def test_with_usage_equals_a_rebuild_with_the_extra_usage():
+    topo = build_topology(_mixed_fleet(), [gpu_pod("a", "hgx-1", 3)])
+    extra = [("hgx-1", 2), ("nvl72-1-03", 4), ("nvl72-1-03", 1), ("split-a", 4), ("no-such-node", 8)]
+    got = topo.with_usage(extra)
+    used = {n: s.used_gpus for n, s in topo.nodes.items()}
+    for n, g in extra:
+        if n in used:
+            used[n] += g
+    want = build_topology_from_infos([s.info for s in topo.nodes.values()], used)
+    assert (got.nodes, got.domains) == (want.nodes, want.domains)
+    assert got.domain_of("nvl72-1-03").free_gpus == 16 - 4              # a tray's free GPUs stop at 0
+    assert topo.domain_of("nvl72-1-03").free_gpus == 16                 # the original is unchanged
+    assert topo.with_usage([]) is topo

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -80,6 +81,7 @@ DEFAULT_TOLERATIONS: tuple[Mapping[str, str], ...] = (
 _PCIE_PRODUCT_MARKERS = ("L40", "-L4", "A10", "A40", "T4", "RTX", "PCIE")
 
 
+@lru_cache(maxsize=256)
 def product_has_nvlink(product: str) -> bool:
     """Whether GPUs of this product talk over NVLink inside a node (False: PCIe only).
 
@@ -132,8 +134,15 @@ class NodeInfo:
     def nvlink(self) -> bool:
         return product_has_nvlink(self.product)
 
+    @cached_property
+    def label_map(self) -> dict[str, str]:
+        """`labels` as a dict, built once per NodeInfo (selectors are matched against every node per
+        reconcile). cached_property writes the instance __dict__ directly, so this works on a frozen
+        dataclass and is not a field (equality and hashing are unchanged)."""
+        return dict(self.labels)
+
     def matches(self, selector: Mapping[str, str]) -> bool:
-        labels = dict(self.labels)
+        labels = self.label_map
         return all(labels.get(k) == v for k, v in selector.items())
 
 
@@ -285,21 +294,44 @@ class Domain:
 
 @dataclass(frozen=True)
 class Topology:
+    """Schedulable GPU nodes and their NVLink domains, with free GPUs.
+
+    Immutable. `select` and `with_usage` return derived topologies without rebuilding
+    the whole fleet: at 1,000 nodes a rebuild (`build_topology_from_infos`) costs
+    milliseconds, and one reconcile asks for the same selection several times (plan key,
+    target, placement), so selections are memoised per topology object and `with_usage`
+    only recomputes the nodes and domains it touches. Memoisation never changes a
+    result: the same topology and arguments give an equal topology.
+    """
+
     nodes: Mapping[str, NodeState] = field(default_factory=dict)     # schedulable GPU nodes
     domains: tuple[Domain, ...] = ()
     excluded: tuple[tuple[str, str], ...] = ()                       # (node, reason)
+    # memo of derived views (selections, name indexes); not part of the value
+    _memo: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    @property
+    def _by_name(self) -> dict[str, Domain]:
+        idx = self._memo.get("by_name")
+        if idx is None:
+            idx = self._memo["by_name"] = {d.name: d for d in self.domains}
+        return idx
+
+    @property
+    def _node_domain(self) -> dict[str, Domain]:
+        idx = self._memo.get("node_domain")
+        if idx is None:
+            idx = self._memo["node_domain"] = {n: d for d in self.domains for n in d.nodes}
+        return idx
 
     def domain(self, name: str) -> Domain:
-        for d in self.domains:
-            if d.name == name:
-                return d
-        raise KeyError(f"no NVLink domain {name!r}")
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no NVLink domain {name!r}") from None
 
     def domain_of(self, node: str) -> Domain | None:
-        for d in self.domains:
-            if node in d.nodes:
-                return d
-        return None
+        return self._node_domain.get(node)
 
     @property
     def total_gpus(self) -> int:
@@ -313,23 +345,72 @@ class Topology:
         return {d.name: d.free_gpus for d in self.domains}
 
     def select(self, node_selector: Mapping[str, str]) -> "Topology":
-        """Only the nodes whose labels match `node_selector` (spec.gpus.nodeSelector)."""
+        """Only the nodes whose labels match `node_selector` (spec.gpus.nodeSelector).
+
+        The result equals `build_topology_from_infos` over the matching nodes. When every
+        domain is kept whole or dropped whole (the usual case: selectors pick fleets, zones
+        or products, which domains never straddle) the domains are reused as they are;
+        otherwise the matching nodes are rebuilt into domains."""
         if not node_selector:
             return self
-        keep = [s for s in self.nodes.values() if s.info.matches(node_selector)]
-        topo = build_topology_from_infos([s.info for s in keep], [(s.name, s.used_gpus) for s in keep])
-        return Topology(nodes=topo.nodes, domains=topo.domains, excluded=self.excluded)
+        key = ("select", tuple(sorted(node_selector.items())))
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        keep = {n for n, s in self.nodes.items() if s.info.matches(node_selector)}
+        kept: list[Domain] = []
+        whole = True
+        for d in self.domains:
+            n_keep = sum(1 for n in d.nodes if n in keep)
+            if n_keep == 0:
+                continue
+            if n_keep != len(d.nodes):
+                whole = False
+                break
+            kept.append(d)
+        if whole:
+            # A clique split by zone/product is named by its parts only while it has several;
+            # if the selection dropped some parts, the names change: rebuild then.
+            parts_all: dict[str, int] = defaultdict(int)
+            parts_kept: dict[str, int] = defaultdict(int)
+            for d in self.domains:
+                if d.kind == "clique":
+                    parts_all[d.match_labels[0][1]] += 1
+            for d in kept:
+                if d.kind == "clique":
+                    parts_kept[d.match_labels[0][1]] += 1
+            whole = all(parts_kept[c] == parts_all[c] or parts_all[c] == 1 for c in parts_kept)
+        if whole:
+            topo = Topology(nodes={n: s for n, s in self.nodes.items() if n in keep}, domains=tuple(kept),
+                            excluded=self.excluded)
+        else:
+            states = [self.nodes[n] for n in self.nodes if n in keep]
+            built = build_topology_from_infos([s.info for s in states], [(s.name, s.used_gpus) for s in states])
+            topo = Topology(nodes=built.nodes, domains=built.domains, excluded=self.excluded)
+        self._memo[key] = topo
+        return topo
 
     def with_usage(self, usage: Iterable[tuple[str, int]]) -> "Topology":
-        """A copy with extra GPUs used (e.g. what a placement just took)."""
-        used: dict[str, int] = defaultdict(int)
-        for n, s in self.nodes.items():
-            used[n] += s.used_gpus
+        """A copy with extra GPUs used (e.g. what a placement just took); nodes not in the
+        topology are ignored. Only the touched nodes and their domains are recomputed."""
+        extra: dict[str, int] = defaultdict(int)
         for n, g in usage:
-            used[n] += g
-        infos = [s.info for s in self.nodes.values()]
-        topo = build_topology_from_infos(infos, used.items())
-        return Topology(nodes=topo.nodes, domains=topo.domains, excluded=self.excluded)
+            if n in self.nodes:
+                extra[n] += int(g)
+        if not any(extra.values()):
+            return self
+        nodes = dict(self.nodes)
+        touched: set[str] = set()
+        for n, g in extra.items():
+            s = nodes[n]
+            nodes[n] = NodeState(s.info, s.used_gpus + g)
+            d = self.domain_of(n)
+            if d is not None:
+                touched.add(d.name)
+        # Domain(**vars(d), ...) rather than dataclasses.replace: the same copy, several times faster.
+        domains = tuple(Domain(**{**vars(d), "free_gpus": sum(nodes[m].free_gpus for m in d.nodes)})
+                        if d.name in touched else d for d in self.domains)
+        return Topology(nodes=nodes, domains=domains, excluded=self.excluded)
 
     def to_fleet(self, name: str = "") -> Any:
         """The planner's view of this topology (`meshplan.planner.fleet.Fleet`: free GPUs per domain)."""
