@@ -16,6 +16,7 @@ controller maps 409 Conflict to `kopf.TemporaryError` (kopf does not retry
 
 from __future__ import annotations
 
+import contextvars
 import json
 import ssl
 from dataclasses import dataclass
@@ -91,6 +92,26 @@ def load_credentials(kubeconfig: str | None = None) -> Credentials:
     return Credentials(cfg.host.rstrip("/"), ctx, headers)
 
 
+class WriteCount:
+    """Writes made by one piece of work (one reconcile), counted across the tasks it spawns."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+# The WriteCount of the reconcile running in this asyncio task (tasks it creates, e.g. with
+# asyncio.gather, inherit the context and so count into the same object). `Kube.writes` is shared
+# by every concurrent reconcile and cannot say which of them wrote.
+_WRITES: contextvars.ContextVar[WriteCount | None] = contextvars.ContextVar("meshplan_writes", default=None)
+
+
+def count_writes() -> WriteCount:
+    """Start counting this task's writes (and those of tasks it starts from now on) in a new WriteCount."""
+    c = WriteCount()
+    _WRITES.set(c)
+    return c
+
+
 class Kube:
     """One aiohttp session to the API server. Create inside a running event loop; `close()` at the end."""
 
@@ -113,6 +134,9 @@ class Kube:
         headers = {"Content-Type": content_type} if data is not None else {}
         if method != "GET":
             self.writes += 1
+            mine = _WRITES.get()
+            if mine is not None:
+                mine.n += 1
         async with self._session.request(method, url, data=data, headers=headers) as resp:
             text = await resp.text()
             try:
@@ -186,4 +210,5 @@ class Kube:
             raise
 
 
-__all__ = ["ApiError", "COMPUTE_DOMAIN_CRD", "Credentials", "Kube", "load_credentials", "resource_path"]
+__all__ = ["ApiError", "COMPUTE_DOMAIN_CRD", "Credentials", "Kube", "WriteCount", "count_writes", "load_credentials",
+           "resource_path"]
