@@ -80,7 +80,9 @@ class Sim:
                      pods=copy.deepcopy(self.pods()), services=copy.deepcopy(self.services()),
                      target=target_for(model.spec, plan, topo), previous_status=self.previous_status, now=NOW)
         out = decide(inp)
-        for desired, live in out.apply:
+        # As the reconciler does: every object of `apply`, then (all of them written) the releases.
+        releases = [(pod, None) for group in out.release for pod in group]
+        for desired, live in list(out.apply) + releases:
             if needs_apply(desired, live):
                 self.writes += 1
                 key = (desired["kind"], desired["metadata"]["name"])
@@ -272,3 +274,39 @@ def test_group_the_scheduler_cannot_bind_is_placed_again_after_the_grace_period(
     old = decide(Inputs(now=NOW + timedelta(seconds=60), **common))
     assert [d[2] for d in old.delete] == ["llama-r0-0"]
     assert any(e[1] == "ReplicaRestarted" and "unschedulable" in e[2] for e in old.events)
+
+
+def test_new_group_is_released_in_the_reconcile_that_creates_it():
+    sim, model = Sim("gb200-nvl72"), llmd("NVIDIA-GB200", tensor=8, replicas=2)
+    first = sim.step(model)
+    created = [d for d, _ in first.apply if d["kind"] == "Pod"]
+    assert all(p["spec"]["schedulingGates"] == [{"name": GANG_GATE}] for p in created)
+    # One release per group, naming exactly that group's pods, without the gate.
+    assert len(first.release) == 2
+    released = [p["metadata"]["name"] for g in first.release for p in g]
+    assert sorted(released) == sorted(p["metadata"]["name"] for p in created)
+    for group in first.release:
+        assert len({p["metadata"]["labels"]["meshplan.dev/replica"] for p in group}) == 1
+        assert all(p["spec"]["schedulingGates"] == [] for p in group)
+        # released pods keep the node they reserve
+        assert all(p["metadata"]["annotations"]["meshplan.dev/assigned-node"] for p in group)
+    sim.step(model)                      # the kubelet round binds them: no second trip to drop gates
+    assert sim.ready_groups() == 2
+    assert sim.condition("Available")["status"] == "True"
+
+
+def test_interrupted_creation_never_releases_part_of_a_group():
+    sim, model = Sim("gb200-nvl72"), llmd("NVIDIA-GB200", tensor=8, replicas=1)
+    sim.step(model)
+    # An operator killed after creating rank 0 only: rank 1 never written, nothing released.
+    del sim.objects[("Pod", "llama-r0-1")]
+    leader = sim.objects[("Pod", "llama-r0-0")]
+    leader["spec"]["schedulingGates"] = [{"name": GANG_GATE}]
+    leader["spec"].pop("nodeName", None)
+    leader.pop("status", None)
+    out = sim.step(model)
+    assert ("v1", "Pod", "llama-r0-0", leader["metadata"]["uid"]) in out.delete     # the part goes whole
+    assert not out.release
+    assert all(d["spec"].get("schedulingGates") for d, _ in out.apply if d["kind"] == "Pod")
+    converge(sim, model)
+    assert sim.ready_groups() == 1

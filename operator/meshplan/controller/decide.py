@@ -26,8 +26,12 @@ Rules, in order
    used for placement. A current group that cannot keep its nodes (a node went
    NotReady, was cordoned or tainted) is deleted and placed again whole.
 4. All-or-nothing creation: a new group's pods are created with the scheduling
-   gate; the gate is removed from all of them in the same reconcile once every
-   member exists. A group whose placement fails gets no pods at all.
+   gate (`Outcome.apply`), and the gate is removed from all of them in the same
+   reconcile once every member exists (`Outcome.release`: the reconciler applies
+   it only after every create before it succeeded; a reconcile interrupted in
+   between leaves gated pods, which the next one completes and releases). A
+   group whose placement fails gets no pods at all. Gated and released pods alike
+   carry their assigned node, so their GPUs are reserved from creation on.
 5. Rolling update, one group at a time with surge: while stale groups exist,
    at most one current group is in flight; a new group is created next to the
    old ones when capacity allows (surge); once every current group is ready,
@@ -220,6 +224,9 @@ class Outcome:
     status: dict[str, Any] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)         # (type Normal|Warning, reason, message)
     requeue_after_s: float | None = None
+    # Per new group, its pods without the scheduling gate: to apply after every object of `apply`
+    # was written (then all the group's pods exist), never when an earlier write failed (rule 4).
+    release: list[list[dict[str, Any]]] = field(default_factory=list)
     rendered: Rendered | None = None
     placement: PlacementResult | None = None
 
@@ -435,26 +442,30 @@ def decide(inp: Inputs) -> Outcome:
             out.apply.append((cd, live_cds.get(cd["metadata"]["name"])))
         wanted_svcs.add(g_open.service["metadata"]["name"])
         out.apply.append((g_open.service, live_svcs.get(g_open.service["metadata"]["name"])))
+        # An explicit empty list: server-side apply then removes the gate we own, and the
+        # comparison with the live pod sees the difference.
+        open_pods = [{**pod, "spec": {**pod["spec"], "schedulingGates": []}} for pod in g_open.pods]
         if released or complete_after:
             # Released groups keep their pods ungated; a complete gated group is released now, all at once.
-            for pod in g_open.pods:
-                # An explicit empty list: server-side apply then removes the gate we own, and the
-                # comparison with the live pod sees the difference.
-                pod = {**pod, "spec": {**pod["spec"], "schedulingGates": []}}
+            for pod in open_pods:
                 out.apply.append((pod, live_pods[pod["metadata"]["name"]].obj if pod["metadata"]["name"] in live_pods
                                   else None))
             if complete_after and not released:
                 out.events.append(("Normal", "ReplicaReleased",
                                    f"replica {g_open.index}: all {len(names)} pod(s) exist; scheduling gates removed"))
         else:
+            # Create the missing members gated, then release the whole group once they all exist.
             for pod in g_gated.pods:
                 name = pod["metadata"]["name"]
                 out.apply.append((pod, live_pods[name].obj if name in live_pods else None))
-            if not exists:
-                r = placement.replica(g_open.index)
-                out.events.append(("Normal", "ReplicaCreated",
-                                   f"replica {g_open.index}: {len(names)} pod(s) on {', '.join(r.domains)}"
-                                   f" ({', '.join(r.nodes)})"))
+            out.release.append(open_pods)
+            r = placement.replica(g_open.index)
+            out.events.append(("Normal", "ReplicaCreated",
+                               f"replica {g_open.index}: {len(names)} pod(s) on {', '.join(r.domains)}"
+                               f" ({', '.join(r.nodes)}); scheduling gates removed once all exist"
+                               if not exists else
+                               f"replica {g_open.index}: {len(names) - len(exists)} missing pod(s) created; "
+                               "scheduling gates removed once all exist"))
     # Services and ComputeDomains of groups whose pods still exist stay (stale groups keep serving).
     pods_left = {i for i, g in groups.items()
                  if any(p.name not in {d[2] for d in out.delete} for p in g.pods.values())} | set(restarted)
