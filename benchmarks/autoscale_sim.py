@@ -18,8 +18,10 @@ What is simulated
 
 The three autoscalers
 - ours: `meshplan.autoscale.policy.decide` with its default config, evaluated
-  every 30 s, given the planner's per-replica capacity at SLO (`ReplicaModel.
-  capacity_at_slo`, times `--planner-error` to test a wrong planner).
+  every 30 s, given the planner's per-replica capacity at SLO in requests/s
+  and in requests in flight, as the controller passes them (`ReplicaModel.
+  capacity_at_slo` / `concurrency_at_slo`, times `--planner-error` to test a
+  wrong planner).
 - static: `max_replicas` all day (what you provision without an autoscaler).
 - util: an HPA on GPU utilisation with target `--util-target` (default 70 %),
   the HPA algorithm and default behaviour: desired = ceil(ready * util /
@@ -34,6 +36,11 @@ The three autoscalers
   the replica's maximum throughput, noise-free. Printed as a trade-off curve
   (`--util-sweep`) to show where our policy sits against a perfectly informed
   utilisation scaler; the pass/fail target is judged against `util` above.
+- util at other targets (`--busy-sweep`) and our policy at other
+  `target_load_fraction` values (`--headroom-sweep`, `ours@<f>`): what the
+  DCGM baseline's whole family does (never scale down, or collapse), and what
+  matching its attainment costs our policy (the cheapest `ours@<f>` that does
+  is printed).
 
 Figures
 - SLO attainment (requests): share of requests that arrive in a 10 s step in
@@ -49,7 +56,7 @@ import math
 import random
 import sys
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meshplan.autoscale.policy import AutoscaleConfig, AutoscaleState, ReplicaCapacity, decide
 from meshplan.autoscale.queueing import ReplicaModel, step_fleet
@@ -140,12 +147,14 @@ class Static:
 
 
 class Ours:
-    name = "ours"
     every_s = 30.0
 
-    def __init__(self, config: AutoscaleConfig, rps_at_slo: float, gpus: int, start: int) -> None:
+    def __init__(self, config: AutoscaleConfig, rps_at_slo: float, gpus: int, start: int,
+                 concurrency_at_slo: float | None = None, name: str = "ours") -> None:
+        self.name = name
         self.config = config
         self.rps_at_slo = rps_at_slo
+        self.conc = concurrency_at_slo
         self.gpus = gpus
         self.state = AutoscaleState(desired_replicas=start)
         self.reasons: dict[str, int] = {}
@@ -164,7 +173,8 @@ class Ours:
             sample_age_s=5.0,
             sample_time=obs.t,
         )
-        cap = ReplicaCapacity(requests_per_s_at_slo=self.rps_at_slo, gpus_per_replica=self.gpus, ready_replicas=obs.ready)
+        cap = ReplicaCapacity(requests_per_s_at_slo=self.rps_at_slo, concurrency_at_slo=self.conc,
+                               gpus_per_replica=self.gpus, ready_replicas=obs.ready)
         d = decide(self.state, snap, self.config, cap, obs.t)
         self.state = d.state
         self.reasons[d.reason] = self.reasons.get(d.reason, 0) + 1
@@ -334,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--util-target", type=float, default=0.70)
     ap.add_argument("--util-sweep", default="0.5,0.6,0.65,0.8",
                     help="extra utilisation targets to print (the HPA's whole trade-off curve)")
+    ap.add_argument("--busy-sweep", default="0.8,0.9,0.95",
+                    help="extra DCGM-style utilisation targets to print (util<N>)")
+    ap.add_argument("--headroom-sweep", default="0.7,0.6,0.5,0.4,0.35",
+                    help="our policy again at these target_load_fraction values (ours@<f>): its own trade-off curve")
     ap.add_argument("--planner-error", type=float, default=1.0,
                     help="planner's capacity estimate / true capacity (1.2 = 20 %% optimistic)")
     ap.add_argument("--plot", default=None, help="write a PNG of load, replicas and p99 latency (first seed)")
@@ -342,10 +356,13 @@ def main(argv: list[str] | None = None) -> int:
     model = ReplicaModel()
     ttft_t, itl_t = args.ttft_ms / 1000, args.itl_ms / 1000
     cap = model.capacity_at_slo(ttft_t, itl_t)
+    conc = model.concurrency_at_slo(ttft_t, itl_t)   # the controller passes both (controller/autoscaling.py)
     cfg = AutoscaleConfig(min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                           ttft_target_s=ttft_t, itl_target_s=itl_t)
     seeds = [int(x) for x in args.seeds.split(",") if x]
     sweep = [float(x) for x in args.util_sweep.split(",") if x]
+    busy_sweep = [float(x) for x in args.busy_sweep.split(",") if x]
+    headroom = [float(x) for x in args.headroom_sweep.split(",") if x]
 
     print(f"replica: {model.gpus} GPUs, {model.source}")
     print(f"SLO: p99 TTFT <= {args.ttft_ms:.0f} ms, p99 ITL <= {args.itl_ms:.0f} ms; capacity at SLO "
@@ -366,11 +383,15 @@ def main(argv: list[str] | None = None) -> int:
         rates = diurnal_trace(seed, args.hours, args.peak_rps, args.trough, args.bursts_per_day)
         start = max(args.min_replicas, math.ceil(rates[0] / (cap * cfg.target_load_fraction)))
         scalers = [
-            Ours(cfg, cap * args.planner_error, model.gpus, start),
+            Ours(cfg, cap * args.planner_error, model.gpus, start, conc * args.planner_error),
             Static(args.max_replicas),
             UtilisationHPA(args.util_target, args.min_replicas, args.max_replicas, start, signal="busy"),
+            *(UtilisationHPA(t, args.min_replicas, args.max_replicas, start, signal="busy")
+              for t in sorted(set(busy_sweep) - {args.util_target})),
             *(UtilisationHPA(t, args.min_replicas, args.max_replicas, start, signal="offered")
               for t in sorted({*sweep, args.util_target})),
+            *(Ours(replace(cfg, target_load_fraction=f), cap * args.planner_error, model.gpus, start,
+                   conc * args.planner_error, name=f"ours@{f:g}") for f in headroom),
         ]
         results = [simulate(sc, rates, model, ttft_t, itl_t, args.startup_s, seed) for sc in scalers]
         if not first:
@@ -400,6 +421,15 @@ def main(argv: list[str] | None = None) -> int:
     o_att, o_gpu = mean(per_name[oracle_name], "attainment_requests"), mean(per_name[oracle_name], "gpu_hours")
     print(f"(informative) ours vs {oracle_name}: {ours_att - o_att:+.2%} attainment, {ours_gpu - o_gpu:+.1f} GPU-hours "
           f"({ours_gpu / o_gpu - 1:+.1%})")
+    # What matching the DCGM-style baseline's attainment costs: the cheapest ours@<f> that does.
+    matching = sorted((mean(rs, "gpu_hours"), name) for name, rs in per_name.items()
+                      if name.startswith("ours") and mean(rs, "attainment_requests") >= util_att)
+    if matching:
+        g, name = matching[0]
+        print(f"cheapest policy setting that matches {util_name}'s attainment: {name}, {g:.1f} GPU-hours "
+              f"({1 - g / static_gpu:.1%} below static)")
+    else:
+        print(f"no policy setting in --headroom-sweep matches {util_name}'s attainment")
     reasons: dict[str, int] = {}
     for r in per_name["ours"]:
         for k, v in r.reasons.items():
