@@ -191,11 +191,13 @@ class _Capacity:
         self.domains: dict[str, Domain] = {}
         self.domain_nodes: dict[str, list[str]] = {}
         self.node_domain: dict[str, str] = {}
-        selector = dict(req.node_selector)
+        # `select` gives the matching nodes regrouped into domains exactly as a topology of only
+        # those nodes would (and is memoised: the controller has usually selected already).
+        topology = topology.select(dict(req.node_selector))
         for d in topology.domains:
             if req.product and d.product != req.product:
                 continue
-            members = [n for n in d.nodes if topology.nodes[n].info.matches(selector)]
+            members = list(d.nodes)
             if not members:
                 continue
             self.domains[d.name] = d

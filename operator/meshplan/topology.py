@@ -3,8 +3,12 @@
 Pure functions over plain dicts (Node/Pod objects as the API server returns them,
 e.g. `kubectl get nodes -o json`): no kubernetes client, no clock. The controller
 keeps `node_info(node)` and `pod_gpu_usage(pod)` results in kopf indexes (one entry
-per object, updated by the watch) and calls `build_topology_from_infos` per
-reconcile, so nothing is re-listed.
+per object, updated by the watch), so nothing is re-listed: it builds the fleet's
+topology (`build_topology_from_infos`, nothing used) again only when a NodeInfo
+changed, and per reconcile charges the GPUs in use to it (`Topology.with_usage`,
+which recomputes only the touched nodes and domains). At 1,000 nodes a full build
+costs several milliseconds and a reconcile asks for derived views (`select`) several
+times, so those are memoised on the immutable topology.
 
 Where the facts come from
 - Node labels set by NVIDIA GPU feature discovery (k8s-device-plugin
@@ -357,38 +361,49 @@ class Topology:
         hit = self._memo.get(key)
         if hit is not None:
             return hit
-        keep = {n for n, s in self.nodes.items() if s.info.matches(node_selector)}
-        kept: list[Domain] = []
-        whole = True
-        for d in self.domains:
-            n_keep = sum(1 for n in d.nodes if n in keep)
-            if n_keep == 0:
-                continue
-            if n_keep != len(d.nodes):
-                whole = False
-                break
-            kept.append(d)
-        if whole:
-            # A clique split by zone/product is named by its parts only while it has several;
-            # if the selection dropped some parts, the names change: rebuild then.
-            parts_all: dict[str, int] = defaultdict(int)
-            parts_kept: dict[str, int] = defaultdict(int)
-            for d in self.domains:
-                if d.kind == "clique":
-                    parts_all[d.match_labels[0][1]] += 1
-            for d in kept:
-                if d.kind == "clique":
-                    parts_kept[d.match_labels[0][1]] += 1
-            whole = all(parts_kept[c] == parts_all[c] or parts_all[c] == 1 for c in parts_kept)
-        if whole:
-            topo = Topology(nodes={n: s for n, s in self.nodes.items() if n in keep}, domains=tuple(kept),
-                            excluded=self.excluded)
+        # Which nodes and domains match depends on labels only, not on usage: the answer is shared
+        # with every topology derived by `with_usage` (same nodes), so it is worked out once per fleet.
+        shapes = self._memo.setdefault("shapes", {})
+        shape = shapes.get(key)
+        if shape is None:
+            shape = shapes[key] = self._selection_shape(node_selector)
+        keep, kept_domains = shape
+        if kept_domains is not None:
+            topo = Topology(nodes={n: s for n, s in self.nodes.items() if n in keep},
+                            domains=tuple(d for d in self.domains if d.name in kept_domains),
+                            excluded=self.excluded, _memo={"shapes": shapes})
         else:
             states = [self.nodes[n] for n in self.nodes if n in keep]
             built = build_topology_from_infos([s.info for s in states], [(s.name, s.used_gpus) for s in states])
             topo = Topology(nodes=built.nodes, domains=built.domains, excluded=self.excluded)
         self._memo[key] = topo
         return topo
+
+    def _selection_shape(self, node_selector: Mapping[str, str]) -> tuple[frozenset[str], frozenset[str] | None]:
+        """(matching nodes, names of the domains kept whole) for `select`; None instead of the names
+        when some domain is cut by the selector (its nodes must be regrouped)."""
+        keep = frozenset(n for n, s in self.nodes.items() if s.info.matches(node_selector))
+        kept: list[Domain] = []
+        for d in self.domains:
+            n_keep = sum(1 for n in d.nodes if n in keep)
+            if n_keep == 0:
+                continue
+            if n_keep != len(d.nodes):
+                return keep, None
+            kept.append(d)
+        # A clique split by zone/product is named by its parts only while it has several;
+        # if the selection dropped some parts, the names change: regroup then.
+        parts_all: dict[str, int] = defaultdict(int)
+        parts_kept: dict[str, int] = defaultdict(int)
+        for d in self.domains:
+            if d.kind == "clique":
+                parts_all[d.match_labels[0][1]] += 1
+        for d in kept:
+            if d.kind == "clique":
+                parts_kept[d.match_labels[0][1]] += 1
+        if not all(parts_kept[c] == parts_all[c] or parts_all[c] == 1 for c in parts_kept):
+            return keep, None
+        return keep, frozenset(d.name for d in kept)
 
     def with_usage(self, usage: Iterable[tuple[str, int]]) -> "Topology":
         """A copy with extra GPUs used (e.g. what a placement just took); nodes not in the
@@ -410,7 +425,8 @@ class Topology:
         # Domain(**vars(d), ...) rather than dataclasses.replace: the same copy, several times faster.
         domains = tuple(Domain(**{**vars(d), "free_gpus": sum(nodes[m].free_gpus for m in d.nodes)})
                         if d.name in touched else d for d in self.domains)
-        return Topology(nodes=nodes, domains=domains, excluded=self.excluded)
+        return Topology(nodes=nodes, domains=domains, excluded=self.excluded,
+                        _memo={"shapes": self._memo.setdefault("shapes", {})})
 
     def to_fleet(self, name: str = "") -> Any:
         """The planner's view of this topology (`meshplan.planner.fleet.Fleet`: free GPUs per domain)."""
