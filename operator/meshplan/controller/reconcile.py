@@ -3,7 +3,8 @@
     read      the LLMDeployment (GET), its pods and Services (one LIST each, by our
               deployment label), ComputeDomains when the NVIDIA DRA CRD exists;
               GPU nodes and GPU usage come from the kopf indexes (watches), not
-              from the API server.
+              from the API server (`World`: the fleet's topology is rebuilt only
+              when a node changed; each reconcile charges the usage to it).
     plan      `planner.plan_for_spec` on the free GPUs this deployment may use
               (the topology without its own pods), cached per object: re-planned
               only when the inputs that matter change (the spec without
@@ -12,13 +13,20 @@
               re-planned every time (capacity may have appeared).
     decide    `controller.decide.decide`: the children to apply/delete and the status.
     apply     children with server-side apply (`controller.apply`), deletes with
-              UID preconditions (never a newer object of the same name).
+              UID preconditions (never a newer object of the same name); then,
+              every create having succeeded, the new groups' pods are released
+              (`Outcome.release`: scheduling gates removed in the same reconcile,
+              not one trip through the work queue later).
     status    one merge patch of the keys the reconciler owns, only when changed;
               events for transitions only.
 
-Everything between read and apply runs in a worker thread (`asyncio.to_thread`):
-planning takes up to about a second on a large fleet and must not stall the
-event loop. Reconciles of one object are serialised by a per-object lock
+Everything between read and apply runs in a worker thread: planning takes up
+to about a second on a large fleet and must not stall the event loop. The
+threads are a small pool of their own (`DECIDE_THREADS`), not asyncio's
+default executor: decide is pure Python and holds the GIL, so more threads
+add no throughput, they only take the GIL from the event loop (kopf's
+watches, every API call) and slow every reconcile alike when hundreds of
+objects arrive at once. Reconciles of one object are serialised by a per-object lock
 (kopf handlers and the child-event/resync queue both call `reconcile`).
 
 Desired replicas: `spec.replicas`; with `spec.autoscaling.enabled` the
@@ -49,6 +57,7 @@ log = logging.getLogger("meshplan.controller")
 
 API_VERSION, KIND = "meshplan.dev/v1alpha1", "LLMDeployment"
 SLOW_PLAN_S = 5.0          # log a warning when one planner call takes longer
+DECIDE_THREADS = 2         # decide/plan threads (two: one slow plan does not hold up every other object)
 CD_API = "resource.nvidia.com/v1beta1"
 
 
@@ -287,6 +296,15 @@ class Reconciler:
     # (namespace, name) -> (type, status, reason, message) tuples the autoscaler wants in status.conditions;
     # the reconciler is the one writer of the list and merges them (status.merge_values).
     autoscaler_conditions: dict[tuple[str, str], tuple] = field(default_factory=dict)
+    _threads: Any = field(default=None, repr=False)
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` on the reconciler's own small thread pool (see module doc)."""
+        if self._threads is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._threads = ThreadPoolExecutor(DECIDE_THREADS, thread_name_prefix="meshplan-decide")
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
     def forget(self, namespace: str, name: str, uid: str | None = None) -> None:
         self.locks.pop((namespace, name), None)
@@ -333,7 +351,7 @@ class Reconciler:
         pods = [p for p in pods if _owned_by(p, uid)]
         services = [s for s in services if _owned_by(s, uid)]
         cds = [c for c in cds if _owned_by(c, uid)]
-        outcome = await asyncio.to_thread(self._decide_in_thread, namespace, name, body, pods, services, cds)
+        outcome = await self._in_thread(self._decide_in_thread, namespace, name, body, pods, services, cds)
         cached = self.plans.get(uid)
         stored = (body["metadata"].get("annotations") or {}).get(PLAN_ANNOTATION)
         if cached is not None and plan_annotation_key(stored) != cached[0]:
@@ -368,7 +386,7 @@ class Reconciler:
                 for pod in group:
                     await applier.apply(kube, pod, None)
         else:
-            outcome = await asyncio.to_thread(self._decide_in_thread, namespace, name, body, pods, services, cds,
+            outcome = await self._in_thread(self._decide_in_thread, namespace, name, body, pods, services, cds,
                                               refused)
         for api_version, kind, child, child_uid in outcome.delete:
             await kube.delete(api_version, kind, namespace, child, uid=child_uid or None)
