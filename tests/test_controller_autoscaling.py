@@ -10,6 +10,7 @@ built-in fleet, the status document and when it is written, and the events.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
@@ -261,3 +262,55 @@ def test_a_restarted_autoscaler_keeps_the_count_and_the_cooldown():
         assert d.desired_replicas == 3, (t, d.reason)
     assert d.reason == "CooldownActive"
     assert asc.state_from_status({"lastScaleTime": "garbage"}, 2) == AutoscaleState(desired_replicas=2)
+
+
+def _status_of(state: AutoscaleState, at: datetime) -> dict:
+    """status.autoscaling as written for a decision that left the policy in `state`."""
+    held = MetricsSnapshot.failed("MetricsUnavailable", "x", at.timestamp())
+    d = dataclasses.replace(decide(state, held, CFG, ReplicaCapacity(), now=at.timestamp()), state=state)
+    doc = asc.status_document(d, held, at, None)
+    LLMDeployment.from_manifest({**manifest(), "status": {"autoscaling": doc}})      # fits the status schema
+    return doc
+
+
+def test_the_policy_state_survives_a_restart_through_status():
+    t = NOW.timestamp()
+    state = AutoscaleState(desired_replicas=4, above_since=t - 40, below_since=None, last_change_at=t - 600,
+                           learned_rps_per_replica=1.75, learned_at=t - 300, last_down_at=t - 900,
+                           learned_from_ttft=True)
+    doc = _status_of(state, NOW)
+    assert doc["upSignalSince"] == "2026-01-01T11:59:20Z" and "downSignalSince" not in doc
+    assert doc["learnedCapacityRps"] == 1.75 and doc["learnedFromTtft"] is True
+    doc["lastScaleTime"] = "2026-01-01T11:50:00Z"
+    # a quick restart (20 s later): everything comes back, the up window keeps running
+    back = asc.state_from_status(doc, 4, now=t + 20)
+    assert back == state
+    # a long gap: nobody watched the signal, so the window starts again; what was learned stays
+    late = asc.state_from_status(doc, 4, now=t + asc.WINDOW_RESUME_S + 1)
+    assert late.above_since is None and late.learned_rps_per_replica == 1.75 and late.learned_at == t - 300
+    assert asc.state_from_status(doc, 4).above_since is None                       # no clock, no window
+
+
+def test_a_restarted_autoscaler_sizes_with_the_capacity_it_learned():
+    t = NOW.timestamp()
+    learned = AutoscaleState(desired_replicas=4, last_change_at=t - 3600, learned_rps_per_replica=1.0,
+                             learned_at=t - 60)
+    doc = _status_of(learned, NOW)
+    fresh = asc.state_from_status(doc, 4, now=t + 5)
+    snap = MetricsSnapshot(ok=True, ttft_s=0.5, itl_s=0.02, request_rate_per_s=6.0, queue_depth=0.0, running=10.0,
+                           sample_age_s=1.0, sample_time=t + 5)
+    cap = ReplicaCapacity(requests_per_s_at_slo=2.0, additional_replicas_that_fit=10)
+    # planner: 6 / (2 x 0.8) -> 4 replicas, enough; learned: 6 / (1 x 0.8) -> 8
+    assert decide(fresh, snap, CFG, cap, now=t + 5).load_replicas == 8
+    assert decide(AutoscaleState(desired_replicas=4), snap, CFG, cap, now=t + 5).load_replicas == 4
+
+
+def test_malformed_policy_state_in_status_is_dropped_field_by_field():
+    doc = {"toReplicas": 3, "lastScaleTime": "2026-01-01T11:00:00Z", "lastDecisionTime": "2026-01-01T12:00:00Z",
+           "upSignalSince": "yesterday", "learnedCapacityRps": -1.0, "learnedCapacityTime": "2026-01-01T11:00:00Z",
+           "downSignalSince": "2026-01-01T11:59:00Z"}
+    s = asc.state_from_status(doc, 3, now=NOW.timestamp())
+    assert s.above_since is None and s.learned_rps_per_replica is None and s.learned_at is None
+    assert s.below_since == NOW.timestamp() - 60 and s.last_change_at == NOW.timestamp() - 3600
+    no_time = asc.state_from_status({"learnedCapacityRps": 2.0}, 3, now=NOW.timestamp())
+    assert no_time.learned_rps_per_replica is None        # an estimate without its time cannot decay: dropped

@@ -1087,6 +1087,14 @@ class AutoscalingStatus(ApiModel):
     request_rate: float | None = Field(default=None, ge=0, description="Observed requests per second.")
     requests_waiting: float | None = Field(default=None, ge=0, description="Observed queued requests.")
     metrics_healthy: bool | None = Field(default=None, description="False when metrics were missing, stale or nonsensical (decision held).")
+    # The policy's memory (meshplan.autoscale.policy.AutoscaleState), kept here so that a restarted
+    # operator continues the windows and keeps what it learned instead of starting over.
+    up_signal_since: datetime | None = Field(default=None, strict=False, description="Since when the scale-up signal has held without a break (the up window's start); absent when it does not hold.")
+    down_signal_since: datetime | None = Field(default=None, strict=False, description="Since when the scale-down signal has held without a break (the down window's start); absent when it does not hold.")
+    last_scale_down_time: datetime | None = Field(default=None, strict=False, description="When the replica count last went down (a latency breach soon after it teaches the autoscaler the real capacity).")
+    learned_capacity_rps: float | None = Field(default=None, ge=0, description="Requests/s per replica at which the SLO broke, learned from a breach; used instead of the planner's capacity when lower.")
+    learned_capacity_time: datetime | None = Field(default=None, strict=False, description="When learnedCapacityRps was last set.")
+    learned_from_ttft: bool | None = Field(default=None, description="True when learnedCapacityRps came from a TTFT breach; such an estimate drifts back to the planner's (half-life 2 h).")
 
 
 class LLMDeploymentStatus(ApiModel):

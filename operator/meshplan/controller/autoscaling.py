@@ -48,11 +48,17 @@ One evaluation (`Autoscaler.evaluate`)
    `meshplan_scaling_decisions_total`, and the reconcile is queued at once.
 
 State between evaluations: the policy's windows and learned capacity
-(`AutoscaleState`) are kept in memory per object UID. The status schema has no
-field for them; what a restarted operator needs to stay safe comes back from
-status: the replica count (`toReplicas`) and the last change
-(`lastScaleTime`, so the cooldown holds across restarts). Windows start again
-after a restart, which can only delay a change, never hasten one.
+(`AutoscaleState`) are kept in memory per object UID and written to
+status.autoscaling with each status write (`upSignalSince`, `downSignalSince`,
+`lastScaleDownTime`, `learnedCapacityRps`/`Time`/`FromTtft`, beside
+`lastScaleTime` for the cooldown). A restarted operator (or the peer that takes
+over) rebuilds the state from them (`state_from_status`): a learned capacity
+is kept; a window keeps running only when the last decision is at most
+WINDOW_RESUME_S old (a window means the signal held without a break, and
+after a longer gap nobody watched it). Status is written when the decision's
+reason changes (a window starts or ends with it) and at least every
+STATUS_REFRESH_S, so what a restart can lose is a window (which only delays
+a change, never hastens one) or an estimate's drift since the last write.
 
 With autoscaling disabled nothing here runs: `spec.replicas` (the scale
 subresource, `kubectl scale`, HPA, KEDA) rules.
@@ -102,6 +108,7 @@ PROMETHEUS_TIMEOUT_S = 5.0
 MIN_INTERVAL_S, MAX_INTERVAL_S = 1.0, 15.0
 MIN_RATE_WINDOW_S, MAX_RATE_WINDOW_S = 30.0, 120.0
 STATUS_REFRESH_S = 30.0        # rewrite an unchanged decision at most this often (fresh inputs in status)
+WINDOW_RESUME_S = 2 * STATUS_REFRESH_S   # a restart within this of the last decision continues its windows
 LOOP_TICK_S = 0.5
 CONCURRENT_EVALUATIONS = 8
 INVALID_AUTOSCALING = "InvalidAutoscaling"
@@ -199,8 +206,33 @@ def status_document(decision: Decision, snapshot: MetricsSnapshot, now: datetime
         "requestRate": num(snapshot.request_rate_per_s, 3) if healthy else None,
         "requestsWaiting": num(snapshot.queue_depth, 1) if healthy else None,
         "metricsHealthy": healthy,
+        **policy_state_fields(decision.state),
     }
     return {k: v for k, v in doc.items() if v is not None}
+
+
+def _at(epoch_s: float | None) -> str | None:
+    return None if epoch_s is None else rfc3339(datetime.fromtimestamp(epoch_s, timezone.utc))
+
+
+def _epoch(value: Any) -> float | None:
+    try:
+        return datetime.strptime(value or "", "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+def policy_state_fields(state: AutoscaleState) -> dict[str, Any]:
+    """The policy's memory as status.autoscaling fields (times to the second; see `state_from_status`)."""
+    learned = state.learned_rps_per_replica
+    return {
+        "upSignalSince": _at(state.above_since),
+        "downSignalSince": _at(state.below_since),
+        "lastScaleDownTime": _at(state.last_down_at),
+        "learnedCapacityRps": None if learned is None or not math.isfinite(learned) else round(learned, 4),
+        "learnedCapacityTime": _at(state.learned_at) if learned is not None else None,
+        "learnedFromTtft": True if learned is not None and state.learned_from_ttft else None,
+    }
 
 
 def needs_write(previous: Mapping[str, Any] | None, new: Mapping[str, Any], now: datetime,
@@ -252,16 +284,35 @@ def held_decision(state: AutoscaleState, reason: str, message: str) -> Decision:
                     state.desired_replicas)
 
 
-def state_from_status(previous: Mapping[str, Any] | None, current_replicas: int) -> AutoscaleState:
-    """What a (re)started autoscaler knows from status: the count, and the last change for the cooldown."""
+def state_from_status(previous: Mapping[str, Any] | None, current_replicas: int,
+                      now: float | None = None) -> AutoscaleState:
+    """What a (re)started autoscaler knows from status: the count, the last change (cooldown), the
+    windows already running and the learned capacity. Anything malformed is dropped field by field:
+    a lost window only delays a change, and a lost estimate falls back to the planner's.
+
+    A window means the signal held without a break, so one is resumed only when the last decision
+    was written at most WINDOW_RESUME_S before `now` (a quick restart or peer handover); after a
+    longer gap nobody watched the signal and the windows start again (never without `now`)."""
     prev = dict(previous or {})
-    last_change = None
-    try:
-        last_change = datetime.strptime(prev.get("lastScaleTime") or "", "%Y-%m-%dT%H:%M:%SZ").replace(
-            tzinfo=timezone.utc).timestamp()
-    except ValueError:
-        pass
-    return AutoscaleState(desired_replicas=current_replicas, last_change_at=last_change)
+    last_decision = _epoch(prev.get("lastDecisionTime"))
+    resume = now is not None and last_decision is not None and 0 <= now - last_decision <= WINDOW_RESUME_S
+    learned = prev.get("learnedCapacityRps")
+    if not (isinstance(learned, (int, float)) and not isinstance(learned, bool) and math.isfinite(learned)
+            and learned > 0):
+        learned = None
+    learned_at = _epoch(prev.get("learnedCapacityTime")) if learned is not None else None
+    if learned_at is None:
+        learned = None
+    return AutoscaleState(
+        desired_replicas=current_replicas,
+        last_change_at=_epoch(prev.get("lastScaleTime")),
+        above_since=_epoch(prev.get("upSignalSince")) if resume else None,
+        below_since=_epoch(prev.get("downSignalSince")) if resume else None,
+        last_down_at=_epoch(prev.get("lastScaleDownTime")),
+        learned_rps_per_replica=None if learned is None else float(learned),
+        learned_at=learned_at,
+        learned_from_ttft=learned is not None and prev.get("learnedFromTtft") is True,
+    )
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -349,7 +400,7 @@ class Autoscaler:
         if state is None or state.desired_replicas != current:
             # First look, or the count was changed by someone else (bounds in the spec): start from it.
             state = replace(state, desired_replicas=current) if state is not None else \
-                state_from_status(prev_auto, current)
+                state_from_status(prev_auto, current, self.clock())
 
         pods = await kube.list("v1", "Pod", namespace, f"{LABEL_DEPLOYMENT}={name}")
         stored_plan = (meta.get("annotations") or {}).get(PLAN_ANNOTATION)
