@@ -59,7 +59,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from meshplan.autoscale.policy import AutoscaleConfig, AutoscaleState, ReplicaCapacity, decide
-from meshplan.autoscale.queueing import ReplicaModel, step_fleet
+from meshplan.autoscale.queueing import ReplicaModel, poisson_sample, step_fleet
 from meshplan.autoscale.snapshot import MetricsSnapshot
 
 STEP_S = 10.0
@@ -100,19 +100,6 @@ def diurnal_trace(seed: int, hours: float, peak_rps: float, trough_frac: float, 
             up = min(1.0, (k + 1) / ramp)
             rates[i] *= 1 + height * up
     return rates
-
-
-def poisson(rng: random.Random, lam: float) -> int:
-    if lam <= 0:
-        return 0
-    if lam > 50:  # normal approximation is plenty at this size
-        return max(0, int(round(rng.gauss(lam, math.sqrt(lam)))))
-    limit, k, p = math.exp(-lam), 0, 1.0
-    while True:
-        p *= rng.random()
-        if p <= limit:
-            return k
-        k += 1
 
 
 # --- autoscalers ---------------------------------------------------------------
@@ -243,7 +230,7 @@ def simulate(scaler, rates: list[float], model: ReplicaModel, ttft_target: float
         now_ready = [r for r in starting if r <= t]
         ready += len(now_ready)
         starting = [r for r in starting if r > t]
-        arrivals = poisson(rng, lam * STEP_S)
+        arrivals = poisson_sample(rng, lam * STEP_S)
         step = step_fleet(model, arrivals, ready, backlog, STEP_S)
         backlog, served, util = step.backlog, step.served, step.utilisation
         if step.latency is not None:

@@ -51,7 +51,7 @@ from urllib.parse import parse_qs, urlparse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from meshplan.autoscale.promql import DEFAULT_DEPLOYMENT_LABEL
-from meshplan.autoscale.queueing import ReplicaModel, step_fleet
+from meshplan.autoscale.queueing import ReplicaModel, poisson_sample, step_fleet
 
 _LN100 = math.log(100.0)
 
@@ -168,7 +168,7 @@ class SyntheticEngine:
             served_per_replica = step.served / n
             for i in range(n):
                 lv = self._label_values(i)
-                done = _poisson(self.rng, served_per_replica)
+                done = poisson_sample(self.rng, served_per_replica)
                 ttft_h, itl_h = self._ttft.labels(*lv), self._itl.labels(*lv)
                 for _ in range(done):
                     ttft_h.observe(ttft_floor + self.rng.expovariate(1 / ttft_tail) if ttft_tail > 0 else ttft_floor)
@@ -200,19 +200,6 @@ class SyntheticEngine:
 
     def metrics_text(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def _poisson(rng: random.Random, lam: float) -> int:
-    if lam <= 0:
-        return 0
-    if lam > 50:
-        return max(0, round(rng.gauss(lam, math.sqrt(lam))))
-    limit, k, p = math.exp(-lam), 0, 1.0
-    while True:
-        p *= rng.random()
-        if p <= limit:
-            return k
-        k += 1
 
 
 def make_server(engine: SyntheticEngine, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:

@@ -32,6 +32,7 @@ AIConfigurator's silicon data): TPOT 11.8/12.1/13.2/16.5/19.5 ms and TTFT
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 
 CALIBRATION_SOURCE = (
@@ -172,3 +173,18 @@ def step_fleet(model: ReplicaModel, arrivals: float, ready: int, backlog: float,
     latency = model.latency(per_replica, backlog_drain_s=left / (ready * max_rps))
     utilisation = min(1.0, (arrivals + backlog) / capacity)
     return FleetStep(served=served, backlog=left, per_replica_rps=per_replica, utilisation=utilisation, latency=latency)
+
+
+def poisson_sample(rng: random.Random, lam: float) -> int:
+    """A Poisson(`lam`) count: Knuth's product method, the normal approximation above 50
+    (plenty for request counts per step). Arrivals in the simulator, completions in the exporter."""
+    if lam <= 0:
+        return 0
+    if lam > 50:
+        return max(0, int(round(rng.gauss(lam, math.sqrt(lam)))))
+    limit, k, p = math.exp(-lam), 0, 1.0
+    while True:
+        p *= rng.random()
+        if p <= limit:
+            return k
+        k += 1
