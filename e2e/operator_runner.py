@@ -1,10 +1,59 @@
-"""The e2e suite's handle on a running operator: `meshplan.controller.process.OperatorProcess`.
+"""The e2e suite's handle on a running operator, and its polling helper.
 
-Kept as a module of e2e/ so tests (and other suites, e.g. reliability) import
-one name; the implementation lives in the package because `meshplan demo`
-starts the operator the same way.
+- `OperatorProcess` is `meshplan.controller.process.OperatorProcess` (the
+  implementation lives in the package because `meshplan demo` starts the
+  operator the same way); kept here so tests import one name.
+- `serve(...)`: the body of a module-scoped operator fixture: CRDs applied and
+  Established, one operator serving a namespace glob (optionally with a
+  /metrics port), stopped afterwards, its log tail printed when a test of the
+  module failed.
+- `wait_until(pred, timeout_s)`: poll until `pred()` is truthy; returns that
+  value, or the last falsy one at the deadline (callers assert with their
+  own message).
 """
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from meshplan.controller.process import OperatorProcess
 
-__all__ = ["OperatorProcess"]
+__all__ = ["OperatorProcess", "serve", "wait_until"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_until(pred: Callable[[], Any], timeout_s: float = 60.0, interval_s: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(interval_s)
+    return last
+
+
+def serve(cluster: Any, kubeconfig: str, request: Any, ns_glob: str, *args: str, metrics: bool = False,
+          tail_lines: int = 150) -> Iterator[OperatorProcess]:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/llmdeployments.meshplan.dev", "--timeout=60s")
+    metrics_url = None
+    if metrics:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        args = (*args, "--metrics-port", str(port))
+        metrics_url = f"http://127.0.0.1:{port}/metrics"
+    op = OperatorProcess(kubeconfig, [ns_glob], *args).start()
+    op.metrics_url = metrics_url
+    failed_before = request.session.testsfailed
+    try:
+        yield op
+    finally:
+        op.stop()
+        if request.session.testsfailed > failed_before:
+            print(f"\n----- meshplan operator log (tail) -----\n{op.tail(tail_lines)}")

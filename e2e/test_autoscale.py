@@ -54,21 +54,8 @@ INTERVAL_S = 2.5          # controller.autoscaling.evaluation_interval_s(10 s)
 
 @pytest.fixture(scope="module")
 def operator(cluster, operator_kubeconfig, request):
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/llmdeployments.meshplan.dev", "--timeout=60s")
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        metrics_port = s.getsockname()[1]
-    op = operator_runner.OperatorProcess(operator_kubeconfig, [NS_GLOB], "--prometheus-url", cluster.prometheus_url,
-                                         "--metrics-port", str(metrics_port)).start()
-    op.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-    failed_before = request.session.testsfailed
-    yield op
-    op.stop()
-    if request.session.testsfailed > failed_before:
-        print(f"\n----- meshplan operator log (tail) -----\n{op.tail(200)}")
+    yield from operator_runner.serve(cluster, operator_kubeconfig, request, NS_GLOB,
+                                     "--prometheus-url", cluster.prometheus_url, metrics=True, tail_lines=200)
 
 
 @pytest.fixture
@@ -132,13 +119,10 @@ def _cond(obj: dict[str, Any], type_: str) -> dict[str, Any]:
 
 
 def _wait(pred: Callable[[], Any], timeout_s: float, what: str, show: Callable[[], Any] = lambda: None) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last: {json.dumps(show())[:3000]}")
+    v = operator_runner.wait_until(pred, timeout_s)
+    if not v:
+        raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last: {json.dumps(show())[:3000]}")
+    return v
 
 
 def _events(cluster, ns: str, reason: str) -> list[str]:

@@ -63,15 +63,10 @@ EXAMPLE = REPO / "examples" / "llama-3.1-8b-1gpu.yaml"
 CLEANUP_TIMEOUT_S = 30   # chart value cleanup.timeoutSeconds for this release (default 300)
 
 
-def _wait(pred, timeout=60.0, interval=0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(interval)
-    return last
+_runner_spec = importlib.util.spec_from_file_location("operator_runner", Path(__file__).with_name("operator_runner.py"))
+_runner = importlib.util.module_from_spec(_runner_spec)
+_runner_spec.loader.exec_module(_runner)
+_wait = _runner.wait_until                     # (pred, timeout_s, interval_s): the truthy value, or the last falsy one
 
 
 def _free_port() -> int:

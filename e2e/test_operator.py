@@ -36,14 +36,7 @@ OperatorProcess = operator_runner.OperatorProcess
 
 @pytest.fixture(scope="module")
 def operator(cluster, operator_kubeconfig, request):
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/llmdeployments.meshplan.dev", "--timeout=60s")
-    op = OperatorProcess(operator_kubeconfig, [NS_GLOB]).start()
-    failed_before = request.session.testsfailed
-    yield op
-    op.stop()
-    if request.session.testsfailed > failed_before:
-        print(f"\n----- meshplan operator log (tail) -----\n{op.tail(150)}")
+    yield from operator_runner.serve(cluster, operator_kubeconfig, request, NS_GLOB)
 
 
 @pytest.fixture
@@ -104,13 +97,10 @@ def _cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
 
 
 def _wait(pred: Callable[[], Any], timeout_s: float, what: str, cluster=None, operator=None) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    v = operator_runner.wait_until(pred, timeout_s)
+    if not v:
+        raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    return v
 
 
 def _available(cluster, ns: str, name: str, timeout_s: float = 90) -> dict[str, Any]:
