@@ -10,6 +10,22 @@ Why each one (docs/reliability.md, "Known kopf pitfalls")
   any later handler that needs one uses ours.
 - Progress and diff-base in annotations, not in `status.kopf`: the CRD's status
   schema is generated from the models and would prune kopf's fields.
+- Progress storage (`AnnotationsProgressStorage`, one small record per handler
+  while it is being retried, purged when it succeeds): kept as kopf ships it,
+  because it is what makes kopf retry a failed create/update/resume handler
+  with backoff (`ERROR_BACKOFFS_S`) and resume the count after a restart.
+- Diff-base storage (`DigestDiffBaseStorage`): a SHA-256 digest of the
+  "essence" (spec, labels, annotations) instead of kopf's default copy of the
+  whole essence. kopf still needs a diff base to tell create from update from
+  "nothing changed" (the handlers registered with `on.create`/`on.update`/
+  `on.resume` in handlers.py), but meshplan's handlers never read kopf's `diff`,
+  `old` or `new`: every path is a reconcile that reads the world itself. A copy
+  of a spec near the schema maxima (~600 KB of engine env and args, scenario 11)
+  exceeds the API server's 256 KiB limit on all annotations together, kopf's
+  patch then failed with 422 and kopf retried it forever (docs/reliability.md,
+  F7). A digest is 71 bytes whatever the spec. The price: the `diff` kopf passes
+  to an update handler is meaningless (it compares the new essence with a
+  one-field placeholder); no meshplan handler reads it.
 - Watch timeouts: server-side 5 min (the API server closes the stream; kopf
   reconnects and resumes), client-side a little longer, connect 30 s. Without
   them a silently dead TCP stream stalls a watch forever (kopf <1.44 issue).
@@ -23,8 +39,12 @@ Why each one (docs/reliability.md, "Known kopf pitfalls")
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from typing import Any
+
+import kopf
 
 FINALIZER = "meshplan.dev/finalizer"
 ANNOTATION_PREFIX = "meshplan.dev"
@@ -32,22 +52,72 @@ WATCH_SERVER_TIMEOUT_S = 300
 WATCH_CLIENT_TIMEOUT_S = 330
 WATCH_CONNECT_TIMEOUT_S = 30
 ERROR_BACKOFFS_S = (1, 2, 5, 10, 30, 60)
+DIGEST_KEY = "last-handled-digest"
+# kopf's default diff-base key, which earlier meshplan versions filled with the whole essence:
+# still read once (an object handled before the upgrade is not taken for a new one), then removed.
+LEGACY_DIFFBASE_KEY = "last-handled-configuration"
+DIGEST_PREFIX = "sha256:"
+
+
+def essence_digest(essence: Any) -> str:
+    """`sha256:<hex>` of an essence, independent of key order."""
+    encoded = json.dumps(essence, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return DIGEST_PREFIX + hashlib.sha256(encoded.encode("utf-8")).hexdigest()
+
+
+class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's annotation diff-base storage, storing a digest of the essence instead of the essence.
+
+    `fetch` answers kopf's question "what did the object look like when it was
+    last handled?" as follows: no digest stored -> None (kopf: a new object,
+    `create`); the digest of the object's current essence equals the stored one
+    -> the current essence (kopf: no change, nothing to do, or `resume` at
+    startup); else a placeholder that differs from any real essence (kopf:
+    `update`). `store` writes the digest and drops the legacy full copy.
+    Neither annotation is part of the essence: once kopf's `<prefix>/kopf-managed`
+    marker is on the object (stored with the first digest), kopf leaves every
+    annotation under the prefix out of it.
+    """
+
+    def __init__(self, prefix: str = ANNOTATION_PREFIX) -> None:
+        super().__init__(prefix=prefix, key=DIGEST_KEY)
+
+    def fetch(self, *, body: Any) -> Any:
+        annotations = body.metadata.annotations
+        for key in self.make_keys(self.key, body=body):
+            stored = annotations.get(key)
+            if stored is None:
+                continue
+            current = self.build(body=body)
+            if essence_digest(current) == stored.strip():
+                return current
+            return {"metadata": {"annotations": {key: stored.strip()}}}   # differs: an update
+        for key in self.make_keys(LEGACY_DIFFBASE_KEY, body=body):
+            encoded = annotations.get(key)
+            if encoded is not None:
+                return json.loads(encoded)
+        return None
+
+    def store(self, *, body: Any, patch: Any, essence: Any) -> None:
+        for key in self.make_keys(self.key, body=body):
+            patch.metadata.annotations[key] = essence_digest(essence)
+        for key in self.make_keys(LEGACY_DIFFBASE_KEY, body=body):
+            if key in body.metadata.annotations:
+                patch.metadata.annotations[key] = None
+        self._store_marker(prefix=self.prefix, patch=patch, body=body)
 
 
 def configure(settings: Any, *, peering: str | None = None, priority: int = 0,
               max_workers: int = 8) -> None:
-    import kopf
-
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
+    settings.persistence.diffbase_storage = DigestDiffBaseStorage()
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_S
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_S
     settings.watching.connect_timeout = WATCH_CONNECT_TIMEOUT_S
     settings.posting.enabled = True
     settings.posting.level = logging.WARNING
-    settings.batching.error_delays = ERROR_BACKOFFS_S
+    settings.queueing.error_delays = ERROR_BACKOFFS_S
     settings.execution.max_workers = max_workers
     if peering:
         settings.peering.name = peering
