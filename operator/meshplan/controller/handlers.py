@@ -9,7 +9,9 @@
 - a queue with per-key de-duplication and delayed re-queues: each reconcile
   says when it wants to look again (`Result.requeue_after_s`: soon while
   waiting for capacity or a rollout, every minute when steady), and a resync
-  loop queues every LLMDeployment every `Options.resync_s` as a safety net.
+  loop queues every LLMDeployment every `Options.resync_s` as a safety net:
+  those in kopf's index and those one LIST of the API server returns, so a
+  watch event kopf missed costs at most one period (`_resync`).
   Neither is a kopf timer or daemon, because those make kopf put a finalizer on
   every object (deletion would then hang whenever the operator is down).
 - a Node changing schedulability (index callback) queues everything.
@@ -31,7 +33,7 @@ import kopf
 
 from meshplan.controller import indexes
 from meshplan.controller import settings as operator_settings
-from meshplan.controller.kube import Kube, load_credentials
+from meshplan.controller.kube import ApiError, Kube, load_credentials
 from meshplan.controller.reconcile import ForeignUsage, Reconciler, World
 from meshplan.render.workloads import LABEL_DEPLOYMENT
 
@@ -71,6 +73,7 @@ class State:
     tasks: list = field(default_factory=list)
     last_reconciled: dict = field(default_factory=dict)     # key -> loop time of the last finished reconcile
     llmds_index: Any = None
+    list_forbidden: bool = False        # RBAC forbids the resync's cluster-wide LIST: list per namespace
     loop: asyncio.AbstractEventLoop | None = None
 
     def enqueue(self, key: tuple[str, str], delay_s: float | None = 0.0) -> None:
@@ -157,21 +160,76 @@ async def _worker() -> None:
             STATE.enqueue(key, RETRY_AFTER_ERROR_S)
 
 
+async def list_llmdeployments(kube: Kube, globs: tuple[str, ...]) -> set[tuple[str, str]] | None:
+    """(namespace, name) of every served LLMDeployment, read from the API server, not from a watch.
+
+    One cluster-wide LIST, filtered by the namespace globs (the chart's default
+    RBAC, `watch.allNamespaces`, grants it). Where that is forbidden (the chart
+    with `watch.namespaces`: a Role per namespace), one LIST per served
+    namespace: the exact names, plus those matching a glob (namespaces may be
+    listed cluster-wide: kopf needs it too). None when nothing could be listed.
+    """
+    path = "/apis/meshplan.dev/v1alpha1/llmdeployments"
+    if not STATE.list_forbidden:
+        try:
+            return indexes.listed_keys((await kube.request("GET", path)).get("items") or (), globs)
+        except ApiError as exc:
+            if exc.status != 403 or not globs:
+                raise
+            STATE.list_forbidden = True
+            log.info("resync: may not list LLMDeployments cluster-wide (%s); listing per namespace", exc.reason)
+    namespaces = {g for g in globs if not indexes.is_glob(g)}
+    if any(indexes.is_glob(g) for g in globs):
+        doc = await kube.request("GET", "/api/v1/namespaces")
+        namespaces |= {(n.get("metadata") or {}).get("name", "") for n in doc.get("items") or ()}
+    keys: set[tuple[str, str]] = set()
+    for ns in sorted(n for n in namespaces if indexes.served_namespace(n, globs)):
+        try:
+            doc = await kube.request("GET", f"/apis/meshplan.dev/v1alpha1/namespaces/{ns}/llmdeployments")
+        except ApiError as exc:
+            if exc.status in (403, 404):
+                continue
+            raise
+        keys |= indexes.listed_keys(doc.get("items") or (), globs)
+    return keys
+
+
 async def _resync() -> None:
-    """Queue every LLMDeployment not reconciled within the last `resync_s` (a safety net)."""
+    """Every `resync_s`: queue each LLMDeployment not reconciled within the period (a safety net).
+
+    The candidates are what kopf's index knows plus what one LIST of the API
+    server returns (`list_llmdeployments`), so an object whose watch event was
+    missed (L1, docs/reliability.md: a namespace kopf never noticed) is
+    reconciled within one period anyway. A failed LIST leaves the index's view.
+    """
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(OPTIONS.resync_s)
-        for key in indexes.values(STATE.llmds_index, indexes.ALL_KEY):
-            key = tuple(key)
-            if loop.time() - STATE.last_reconciled.get(key, float("-inf")) < OPTIONS.resync_s:
-                continue
+        known = {tuple(k) for k in indexes.values(STATE.llmds_index, indexes.ALL_KEY)}
+        listed: set[tuple[str, str]] | None = None
+        if STATE.reconciler is not None:
+            try:
+                listed = await list_llmdeployments(STATE.reconciler.kube, tuple(OPTIONS.namespaces))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the index's view still gets its resync
+                log.warning("resync: listing LLMDeployments failed (%s); using the watched objects only", exc)
+        keys = known | (listed or set())
+        if listed is not None:
+            log.debug("resync: listed %d LLMDeployment(s), %d known to the watches", len(listed), len(known))
+            missed = sorted(listed - known)
+            if missed:
+                log.info("resync: %d LLMDeployment(s) listed but not (yet) seen by the watches, queued if due: %s",
+                         len(missed), ", ".join(f"{ns}/{name}" for ns, name in missed[:10]))
+            for gone in set(STATE.last_reconciled) - keys:     # deleted while no watch saw it
+                STATE.last_reconciled.pop(gone, None)
+        for key in indexes.due_for_resync(keys, STATE.last_reconciled, loop.time(), OPTIONS.resync_s):
             if AUTOSCALE_HOOK is not None:
                 try:
                     await AUTOSCALE_HOOK(*key)
                 except Exception:  # noqa: BLE001
                     log.exception("autoscaling of %s/%s failed", *key)
-            STATE.enqueue(tuple(key))
+            STATE.enqueue(key)
 
 
 @kopf.on.startup()

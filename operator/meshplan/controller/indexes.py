@@ -7,6 +7,12 @@
 - `llmds`        every LLMDeployment -> its (namespace, name) (key "all"), for the
                  periodic resync and for child events.
 
+The resync does not trust the last index alone: a watch can miss an event (L1
+in docs/reliability.md: kopf never noticed a new namespace matching the
+operator's glob, so nothing in it was ever reconciled). Each period it also
+LISTs the LLMDeployments from the API server; `listed_keys` and
+`due_for_resync` (pure, below) decide which of them to queue.
+
 The reconciler builds the topology from the first two per reconcile
 (`reconcile.World`), without listing Nodes or Pods from the API server. The
 node index also notices when a node's schedulability changes (NotReady,
@@ -16,7 +22,8 @@ node's replica groups are re-placed without waiting for the resync.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from fnmatch import fnmatchcase
+from typing import Any, Callable, Iterable, Mapping
 
 from meshplan.render.workloads import LABEL_DEPLOYMENT
 from meshplan.topology import node_info, pod_gpu_usage
@@ -58,3 +65,38 @@ def values(index: Any, key: str) -> list[Any]:
         return list(index.get(key, ()))
     except Exception:  # noqa: BLE001 - an index not populated yet reads as empty
         return []
+
+
+Key = tuple[str, str]
+
+
+def served_namespace(namespace: str, globs: Iterable[str]) -> bool:
+    """Whether an operator started with `--namespace` globs serves `namespace` (no globs: every one)."""
+    globs = tuple(globs)
+    return not globs or any(fnmatchcase(namespace, g) for g in globs)
+
+
+def is_glob(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def listed_keys(items: Iterable[Mapping[str, Any]], globs: Iterable[str]) -> set[Key]:
+    """(namespace, name) of listed objects in the served namespaces."""
+    globs = tuple(globs)
+    out = set()
+    for item in items:
+        meta = item.get("metadata") or {}
+        ns, name = meta.get("namespace"), meta.get("name")
+        if ns and name and served_namespace(ns, globs):
+            out.add((ns, name))
+    return out
+
+
+def due_for_resync(keys: Iterable[Key], last_reconciled_s: Mapping[Key, float], now_s: float,
+                   period_s: float) -> list[Key]:
+    """The keys not reconciled within the last `period_s` (never reconciled: due), sorted.
+
+    `last_reconciled_s` holds the (monotonic) time each key's last reconcile
+    finished; an object reconciled recently, for any reason, is not queued again.
+    """
+    return sorted(k for k in set(keys) if now_s - last_reconciled_s.get(k, float("-inf")) >= period_s)
