@@ -199,7 +199,11 @@ def main() -> int:
     ok = False
     try:
         kc("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(build_crd()))
-        kc("wait", "--for=condition=Established", "crd/llmdeployments.meshplan.dev", "--timeout=60s")
+        for attempt in range(30):     # right after the apply the CRD may have no conditions yet
+            if kc("wait", "--for=condition=Established", "crd/llmdeployments.meshplan.dev", "--timeout=60s",
+                  check=False).returncode == 0:
+                break
+            time.sleep(1)
         t0 = time.monotonic()
         names = create_nodes(cluster, fleet)
         while ready_nodes(cluster, FLEET) < len(names):

@@ -58,6 +58,35 @@ def test_subset_comparison_ignores_server_added_fields_but_not_our_values():
     assert needs_apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}}, None)
 
 
+def test_items_admission_adds_to_a_pod_are_not_drift():
+    ours = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    desired = {"spec": {"tolerations": [ours],
+                        "containers": [{"name": "engine", "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]}],
+                        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}]}}
+    # what the API server stores after DefaultTolerationSeconds and ServiceAccount admission
+    token = {"name": "kube-api-access-x7k2p", "projected": {"sources": []}}
+    live = {"spec": {
+        "tolerations": [ours,
+                        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                         "tolerationSeconds": 300},
+                        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+                         "tolerationSeconds": 300}],
+        "containers": [{"name": "engine", "volumeMounts": [
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": "kube-api-access-x7k2p", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]}],
+        "volumes": [desired["spec"]["volumes"][0], token]}}
+    assert is_subset(desired, live)
+    # anything else extra, or one of ours missing, is still a difference
+    live["spec"]["tolerations"].append({"key": "user", "operator": "Exists", "effect": "NoSchedule"})
+    assert not is_subset(desired, live)
+    del live["spec"]["tolerations"][-1]
+    live["spec"]["tolerations"].pop(0)
+    assert not is_subset(desired, live)
+    # an explicit empty list still asks for removal of what is there
+    assert not is_subset({"spec": {"schedulingGates": []}}, {"spec": {"schedulingGates": [{"name": "g"}]}})
+    assert is_subset({"spec": {"volumes": []}}, {"spec": {"volumes": [token]}})
+
+
 def test_desired_replicas_follow_spec_then_autoscaler_within_bounds():
     fixed = _spec(autoscaling={"enabled": False}, replicas=3)
     assert desired_replicas(fixed, {"autoscaling": {"toReplicas": 7}}) == 3

@@ -21,9 +21,12 @@ which the reconciler answers by replacing the replica group.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping
 
 from meshplan.controller.kube import ApiError, Kube
+
+log = logging.getLogger("meshplan.controller")
 
 FIELD_MANAGER = "meshplan"
 CONFLICT_RETRY_DELAY_S = 1.0
@@ -43,8 +46,28 @@ def _norm(v: Any) -> Any:
     return v
 
 
+# Items the API server's admission plugins add to every pod it creates (kube-apiserver defaults):
+# - DefaultTolerationSeconds (plugin/pkg/admission/defaulttolerationseconds): NoExecute tolerations of
+#   node.kubernetes.io/not-ready and node.kubernetes.io/unreachable with tolerationSeconds 300;
+# - ServiceAccount (plugin/pkg/admission/serviceaccount): the projected token volume
+#   `kube-api-access-<suffix>` and its mount in every container.
+# They are not drift: without skipping them every reconcile re-applied every pod (a no-op request
+# per pod per reconcile, F6).
+_ADMISSION_TOLERATIONS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def _added_by_admission(item: Any) -> bool:
+    if not isinstance(item, Mapping):
+        return False
+    if item.get("key") in _ADMISSION_TOLERATIONS and item.get("effect") == "NoExecute" \
+            and "tolerationSeconds" in item:
+        return True
+    return str(item.get("name", "")).startswith("kube-api-access-")
+
+
 def is_subset(desired: Any, live: Any) -> bool:
-    """True when every field of `desired` has the same value in `live` (lists compared item by item)."""
+    """True when every field of `desired` has the same value in `live` (lists compared item by item,
+    leaving out of `live` the items admission adds by itself, see `_added_by_admission`)."""
     if isinstance(desired, (list, Mapping)) and not desired and live is None:
         return True      # an empty list/map is not stored: absent on the server
     if isinstance(desired, Mapping):
@@ -52,10 +75,33 @@ def is_subset(desired: Any, live: Any) -> bool:
             return False
         return all(is_subset(v, live.get(k)) for k, v in desired.items())
     if isinstance(desired, list):
-        if not isinstance(live, list) or len(desired) != len(live):
+        if not isinstance(live, list):
             return False
+        if len(desired) != len(live):
+            live = [item for item in live if not _added_by_admission(item)]
+            if not desired and not live:
+                return True
+            if len(desired) != len(live):
+                return False
         return all(is_subset(d, l) for d, l in zip(desired, live))
     return _norm(desired) == _norm(live)
+
+
+def first_difference(desired: Any, live: Any, path: str = "") -> str | None:
+    """The first field path where `is_subset(desired, live)` fails (for the debug log), or None."""
+    if is_subset(desired, live):
+        return None
+    if isinstance(desired, Mapping) and isinstance(live, Mapping):
+        for k, v in desired.items():
+            d = first_difference(v, live.get(k), f"{path}.{k}" if path else str(k))
+            if d is not None:
+                return d
+    if isinstance(desired, list) and isinstance(live, list) and len(desired) == len(live):
+        for i, (d_, l_) in enumerate(zip(desired, live)):
+            d = first_difference(d_, l_, f"{path}[{i}]")
+            if d is not None:
+                return d
+    return f"{path}: want {str(desired)[:200]}, have {str(live)[:200]}"
 
 
 def _comparable(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -71,6 +117,9 @@ async def apply(kube: Kube, desired: Mapping[str, Any], live: Mapping[str, Any] 
     """Server-side apply `desired` unless `live` already matches; True when a request was sent."""
     if not needs_apply(desired, live):
         return False
+    if live is not None and log.isEnabledFor(logging.DEBUG):
+        log.debug("applying %s %s: %s", desired["kind"], desired["metadata"]["name"],
+                  first_difference(_comparable(desired), live))
     try:
         await kube.apply(desired, FIELD_MANAGER, force=True)
     except ApiError as exc:

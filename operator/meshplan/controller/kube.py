@@ -95,8 +95,23 @@ def load_credentials(kubeconfig: str | None = None) -> Credentials:
 class WriteCount:
     """Writes made by one piece of work (one reconcile), counted across the tasks it spawns."""
 
+    SHOWN = 6         # writes named in `what` (the log line says what was written, not only how much)
+
     def __init__(self) -> None:
         self.n = 0
+        self.shown: list[str] = []
+
+    def add(self, method: str, path: str) -> None:
+        self.n += 1
+        if len(self.shown) < self.SHOWN:
+            parts = path.strip("/").split("/")
+            # /api/v1/namespaces/<ns>/<plural>/<name>[/<sub>] -> "<METHOD> <plural>/<name>[/<sub>]"
+            tail = parts[parts.index("namespaces") + 2:] if "namespaces" in parts else parts[-2:]
+            self.shown.append(f"{method} {'/'.join(tail)}")
+
+    def what(self) -> str:
+        more = self.n - len(self.shown)
+        return ", ".join(self.shown) + (f" and {more} more" if more > 0 else "")
 
 
 # The WriteCount of the reconcile running in this asyncio task (tasks it creates, e.g. with
@@ -136,7 +151,7 @@ class Kube:
             self.writes += 1
             mine = _WRITES.get()
             if mine is not None:
-                mine.n += 1
+                mine.add(method, path)
         async with self._session.request(method, url, data=data, headers=headers) as resp:
             text = await resp.text()
             try:

@@ -282,6 +282,7 @@ class Result:
     writes: int = 0
     outcome: Outcome | None = None
     seconds: float = 0.0
+    written: str = ""          # what the writes were ("PATCH pods/x-r0-0, POST events", see kube.WriteCount)
 
 
 @dataclass
@@ -320,7 +321,8 @@ class Reconciler:
             res = await self._reconcile(namespace, name)
             res.seconds = time.monotonic() - t0
             if res.writes:
-                log.info("reconciled %s/%s in %.2fs: %d write(s)", namespace, name, res.seconds, res.writes)
+                log.info("reconciled %s/%s in %.2fs: %d write(s): %s", namespace, name, res.seconds, res.writes,
+                         res.written)
             try:
                 from meshplan import metrics
 
@@ -405,7 +407,7 @@ class Reconciler:
                 raise
         for type_, reason, message in outcome.events:
             await self._event(body, type_, reason, message)
-        return Result(outcome.requeue_after_s, writes.n, outcome)
+        return Result(outcome.requeue_after_s, writes.n, outcome, written=writes.what())
 
     def _decide_in_thread(self, namespace: str, name: str, body: Mapping[str, Any], pods: list, services: list,
                           cds: list, refused: str | None = None) -> Outcome:
