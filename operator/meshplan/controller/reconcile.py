@@ -21,12 +21,14 @@
               events for transitions only.
 
 Everything between read and apply runs in a worker thread: planning takes up
-to about a second on a large fleet and must not stall the event loop. The
-threads are a small pool of their own (`DECIDE_THREADS`), not asyncio's
-default executor: decide is pure Python and holds the GIL, so more threads
-add no throughput, they only take the GIL from the event loop (kopf's
-watches, every API call) and slow every reconcile alike when hundreds of
-objects arrive at once. Reconciles of one object are serialised by a per-object lock
+to about a second on a large fleet and must not stall the event loop. It is
+one thread of its own (`DECIDE_THREADS`), not asyncio's default executor:
+decide is pure Python and holds the GIL, so more threads add no throughput,
+they only take the GIL from the event loop (kopf's watches, every API call);
+and decisions must be serialised anyway, so that each placement sees the GPUs
+the previous one reserved (`World.reserve`: two concurrent best-fit placements
+pick the same node). A slow plan (seconds, for an unpinned spec on a large
+fleet) therefore delays the other objects' decisions by as much. Reconciles of one object are serialised by a per-object lock
 (kopf handlers and the child-event/resync queue both call `reconcile`).
 
 Desired replicas: `spec.replicas`; with `spec.autoscaling.enabled` the
@@ -57,7 +59,7 @@ log = logging.getLogger("meshplan.controller")
 
 API_VERSION, KIND = "meshplan.dev/v1alpha1", "LLMDeployment"
 SLOW_PLAN_S = 5.0          # log a warning when one planner call takes longer
-DECIDE_THREADS = 2         # decide/plan threads (two: one slow plan does not hold up every other object)
+DECIDE_THREADS = 1         # decide/plan thread: one, so each placement sees the previous one's reservations
 CD_API = "resource.nvidia.com/v1beta1"
 
 
@@ -203,14 +205,59 @@ def plan_from_annotation(value: str | None, key: str) -> Any:
         return None        # unreadable (edited by hand, older format): plan again
 
 
+RESERVATION_TTL_S = 120.0   # how long a pod this operator just decided to create is charged without the watch
+
+
 @dataclass
 class World:
     """What the kopf indexes hold: GPU node infos and (namespace, deployment, node, GPUs) per pod,
-    plus, for a namespace-scoped operator, the GPU pods of the other namespaces (`ForeignUsage`)."""
+    plus, for a namespace-scoped operator, the GPU pods of the other namespaces (`ForeignUsage`),
+    plus the pods this operator has just decided to create (`reserve`).
+
+    Why reservations: the pod index follows a watch, which lags behind our own creates (seconds
+    when 200 objects are worked on at once). Without them, the next deployment's placement
+    sees the GPUs a previous reconcile just took as free and best-fit picks the very same node;
+    one of the two groups is then moved (deleted and created again) when its reconcile sees the
+    node over-full. A reservation counts until the index shows at least as many GPUs for that
+    deployment on that node (per (namespace, deployment, node) the larger of the two is
+    charged, never their sum), until the pod is deleted by us, or for `RESERVATION_TTL_S`.
+    Decisions are serialised (`DECIDE_THREADS` = 1), so each sees the previous one's reservations.
+    """
 
     nodes: Callable[[], Iterable[NodeInfo]] = lambda: ()
     usage: Callable[[], Iterable[tuple[str, str | None, str, int]]] = lambda: ()
     foreign: Callable[[], Iterable[tuple[str, int]]] = lambda: ()
+    clock_s: Callable[[], float] = time.monotonic
+    # (namespace, pod name) -> (deployment, node, GPUs, expires at clock_s)
+    reserved: dict[tuple[str, str], tuple[str, str, int, float]] = field(default_factory=dict, repr=False)
+
+    def reserve(self, namespace: str, name: str, created: Iterable[tuple[str, str, int]],
+                deleted: Iterable[str] = ()) -> None:
+        """Charge `created` (pod name, node, GPUs) of deployment `name` until the index has them;
+        stop charging the pods named in `deleted`."""
+        until = self.clock_s() + RESERVATION_TTL_S
+        for pod, node, gpus in created:
+            if node and gpus > 0:
+                self.reserved[(namespace, pod)] = (name, node, gpus, until)
+        for pod in deleted:
+            self.reserved.pop((namespace, pod), None)
+
+    def _usage_without(self, own: tuple[str, str]) -> list[tuple[str, int]]:
+        by_key: dict[tuple[str, str | None, str], int] = {}
+        for ns, dep, node, g in self.usage():
+            if (ns, dep) != own:
+                by_key[(ns, dep, node)] = by_key.get((ns, dep, node), 0) + g
+        if self.reserved:
+            now = self.clock_s()
+            mine: dict[tuple[str, str | None, str], int] = {}
+            for (ns, pod), (dep, node, g, until) in list(self.reserved.items()):
+                if until <= now:
+                    self.reserved.pop((ns, pod), None)
+                elif (ns, dep) != own:
+                    mine[(ns, dep, node)] = mine.get((ns, dep, node), 0) + g
+            for key, g in mine.items():
+                by_key[key] = max(by_key.get(key, 0), g)
+        return [(node, g) for (_, _, node), g in by_key.items()]
     # (node infos, topology of those nodes with nothing used): the fleet's shape changes far less
     # often than its usage, so a reconcile only charges the usage to it (`Topology.with_usage`
     # recomputes the touched nodes and domains) instead of regrouping 1,000 nodes into domains.
@@ -226,9 +273,7 @@ class World:
         return cached[1]
 
     def topology_without(self, namespace: str, name: str) -> Topology:
-        own = (namespace, name)
-        used = [(node, g) for ns, dep, node, g in self.usage() if (ns, dep) != own]
-        return self.fleet().with_usage(used + list(self.foreign()))
+        return self.fleet().with_usage(self._usage_without((namespace, name)) + list(self.foreign()))
 
 
 @dataclass
@@ -411,8 +456,17 @@ class Reconciler:
 
     def _decide_in_thread(self, namespace: str, name: str, body: Mapping[str, Any], pods: list, services: list,
                           cds: list, refused: str | None = None) -> Outcome:
-        # The topology is built here, not on the event loop: it walks every GPU node and pod.
-        return self._decide(body, self.world.topology_without(namespace, name), pods, services, cds, refused)
+        # The topology is built here, not on the event loop: it walks every GPU node and pod. Reserving
+        # in the same (single) thread makes "see free GPUs, place, reserve" one step (see World).
+        out = self._decide(body, self.world.topology_without(namespace, name), pods, services, cds, refused)
+        from meshplan.topology import ASSIGNED_NODE_ANNOTATION, pod_gpus
+
+        created = [(d["metadata"]["name"], (d["metadata"].get("annotations") or {}).get(ASSIGNED_NODE_ANNOTATION, ""),
+                    pod_gpus(d)) for d, live in out.apply if d.get("kind") == "Pod" and live is None]
+        deleted = [child for _, kind, child, _ in out.delete if kind == "Pod"]
+        if created or deleted:
+            self.world.reserve(namespace, name, created, deleted)
+        return out
 
     def _decide(self, body: Mapping[str, Any], topology: Topology, pods: list, services: list,
                 cds: list, refused: str | None = None) -> Outcome:
