@@ -1,12 +1,24 @@
 """The resync's safety net (docs/reliability.md, L1): which listed LLMDeployments are queued.
 
 `listed_keys` keeps what a LIST returned in the served namespaces;
-`due_for_resync` keeps what was not reconciled within the period.
+`due_for_resync` keeps what was not reconciled within the period;
+`unwatched_namespaces`, `gpu_node_infos` and `gpu_usage` say what to read past
+kopf's watches while they miss a namespace.
 """
 
 from __future__ import annotations
 
-from meshplan.controller.indexes import due_for_resync, is_glob, listed_keys, served_namespace
+from meshplan.controller.indexes import (
+    due_for_resync,
+    gpu_node_infos,
+    gpu_usage,
+    is_glob,
+    listed_keys,
+    served_namespace,
+    unwatched_namespaces,
+)
+from meshplan.devcluster.fleets import fleet_nodes, load_fleet
+from meshplan.render.workloads import LABEL_DEPLOYMENT
 
 
 def _llmd(ns: str | None, name: str | None) -> dict:
@@ -45,3 +57,32 @@ def test_due_for_resync_queues_the_never_and_the_long_ago_reconciled_only():
     # one period later, with nothing reconciled meanwhile, the recent one is due too
     assert ("ns", "recent") in due_for_resync(keys, last, now_s + period_s, period_s)
     assert due_for_resync([], last, now_s, period_s) == []
+
+
+def test_unwatched_namespaces_are_only_those_kopf_surely_does_not_watch():
+    missed = {("new-ns", "a"), ("new-ns", "b"), ("busy-ns", "late"), ("fresh-ns", "just-created")}
+    known = {("busy-ns", "other")}                     # kopf watches busy-ns: its pods are in the index
+    before = {("new-ns", "a")}                         # the previous LIST missed new-ns/a too
+    assert unwatched_namespaces(missed, known, before, nodes_watched=True) == {"new-ns"}
+    # kopf watching no node at all means it watches no namespace: every missed one counts at once
+    assert unwatched_namespaces(missed, set(), set(), nodes_watched=False) == {"new-ns", "busy-ns", "fresh-ns"}
+    assert unwatched_namespaces(set(), known, before, nodes_watched=False) == set()
+
+
+def test_gap_reads_match_what_the_indexes_would_hold():
+    nodes = fleet_nodes(load_fleet("hgx-h100"))
+    cpu_only = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-0", "labels": {}},
+                "status": {"allocatable": {"cpu": "8"}}}
+    infos = gpu_node_infos([*nodes, cpu_only])
+    assert [i.name for i in infos] == [n["metadata"]["name"] for n in nodes]
+    assert all(i.gpus == 8 for i in infos)
+
+    def pod(name, node, gpus, phase="Running", deployment="llm"):
+        return {"metadata": {"name": name, "namespace": "new-ns", "labels": {LABEL_DEPLOYMENT: deployment}},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {
+                    "limits": {"nvidia.com/gpu": str(gpus)} if gpus else {}}}]},
+                "status": {"phase": phase}}
+
+    usage = gpu_usage([pod("a", "hgx-h100-0", 8), pod("b", "hgx-h100-1", 0),
+                       pod("c", "hgx-h100-1", 4, phase="Succeeded"), pod("d", "hgx-h100-1", 4, deployment="x")])
+    assert sorted(usage) == [("new-ns", "llm", "hgx-h100-0", 8), ("new-ns", "x", "hgx-h100-1", 4)]

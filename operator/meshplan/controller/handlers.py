@@ -74,6 +74,12 @@ class State:
     last_reconciled: dict = field(default_factory=dict)     # key -> loop time of the last finished reconcile
     llmds_index: Any = None
     list_forbidden: bool = False        # RBAC forbids the resync's cluster-wide LIST: list per namespace
+    nodes_index: Any = None
+    missed_before: set = field(default_factory=set)    # keys the previous LIST found and the watches did not
+    # What kopf's indexes lack while its watches missed something (`fill_watch_gaps`): the GPU
+    # nodes when kopf watches no Node at all, the GPU pods of namespaces kopf never noticed.
+    gap_nodes: list = field(default_factory=list)
+    gap_usage: list = field(default_factory=list)
     loop: asyncio.AbstractEventLoop | None = None
 
     def enqueue(self, key: tuple[str, str], delay_s: float | None = 0.0) -> None:
@@ -194,6 +200,40 @@ async def list_llmdeployments(kube: Kube, globs: tuple[str, ...]) -> set[tuple[s
     return keys
 
 
+async def fill_watch_gaps(kube: Kube, missed: set[tuple[str, str]], known: set[tuple[str, str]]) -> None:
+    """Read from the API server what kopf's indexes miss while the `missed` objects (listed, not in
+    kopf's index) are served only through the resync's LIST (none: forget it all).
+
+    kopf watches pods per served namespace, and cluster-scoped kinds such as
+    Nodes only while it serves at least one namespace (kopf's orchestration
+    pairs every resource with every served namespace). So when the namespace
+    it missed was the only one (L1's case), its node index is empty, and in any
+    case the missed namespaces' GPU pods are in no index (nor in
+    `ForeignUsage`, which leaves out every served namespace). Without them such
+    an object would be reported as lacking capacity, or could be placed on GPUs
+    its neighbours hold. One LIST of Nodes (only while the node index is empty)
+    and one of pods per missed namespace, once per resync period.
+    """
+    missed_before, STATE.missed_before = STATE.missed_before, set(missed)
+    if not missed:
+        STATE.gap_nodes, STATE.gap_usage = [], []
+        return
+    nodes_watched = bool(indexes.values(STATE.nodes_index, indexes.NODES_KEY))
+    if nodes_watched:
+        STATE.gap_nodes = []
+    else:
+        doc = await kube.request("GET", "/api/v1/nodes")
+        STATE.gap_nodes = await asyncio.to_thread(indexes.gpu_node_infos, doc.get("items") or ())
+    usage: list = []
+    for ns in sorted(indexes.unwatched_namespaces(missed, known, missed_before, nodes_watched)):
+        doc = await kube.request("GET", f"/api/v1/namespaces/{ns}/pods",
+                                 params={"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"})
+        usage += indexes.gpu_usage(doc.get("items") or ())
+    STATE.gap_usage = usage
+    log.debug("resync: %d GPU node(s) and %d GPU pod(s) read past kopf's watches",
+              len(STATE.gap_nodes), len(usage))
+
+
 async def _resync() -> None:
     """Every `resync_s`: queue each LLMDeployment not reconciled within the period (a safety net).
 
@@ -223,6 +263,12 @@ async def _resync() -> None:
                          len(missed), ", ".join(f"{ns}/{name}" for ns, name in missed[:10]))
             for gone in set(STATE.last_reconciled) - keys:     # deleted while no watch saw it
                 STATE.last_reconciled.pop(gone, None)
+            try:
+                await fill_watch_gaps(STATE.reconciler.kube, set(missed), known)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep the last view; try again next period
+                log.warning("resync: reading nodes and pods past kopf's watches failed: %s", exc)
         for key in indexes.due_for_resync(keys, STATE.last_reconciled, loop.time(), OPTIONS.resync_s):
             if AUTOSCALE_HOOK is not None:
                 try:
@@ -237,8 +283,8 @@ async def startup(settings: kopf.OperatorSettings, gpu_nodes: kopf.Index, gpu_po
                   llmds: kopf.Index, **_: Any) -> None:
     operator_settings.configure(settings, peering=OPTIONS.peering, priority=OPTIONS.priority)
     kube = Kube(load_credentials(OPTIONS.kubeconfig))
-    world = World(nodes=lambda: indexes.values(gpu_nodes, indexes.NODES_KEY),
-                  usage=lambda: indexes.values(gpu_pods, indexes.USAGE_KEY))
+    world = World(nodes=lambda: indexes.values(gpu_nodes, indexes.NODES_KEY) or STATE.gap_nodes,
+                  usage=lambda: indexes.values(gpu_pods, indexes.USAGE_KEY) + STATE.gap_usage)
     foreign = None
     if OPTIONS.namespaces:
         foreign = ForeignUsage(tuple(OPTIONS.namespaces), OPTIONS.foreign_usage_s)
@@ -247,6 +293,7 @@ async def startup(settings: kopf.OperatorSettings, gpu_nodes: kopf.Index, gpu_po
     STATE.queue = asyncio.Queue()
     STATE.loop = asyncio.get_running_loop()
     STATE.llmds_index = llmds
+    STATE.nodes_index = gpu_nodes
     indexes.on_capacity_change = STATE.enqueue_all
     STATE.tasks = [asyncio.create_task(_worker()) for _ in range(OPTIONS.workers)]
     STATE.tasks.append(asyncio.create_task(_resync()))

@@ -100,3 +100,29 @@ def due_for_resync(keys: Iterable[Key], last_reconciled_s: Mapping[Key, float], 
     finished; an object reconciled recently, for any reason, is not queued again.
     """
     return sorted(k for k in set(keys) if now_s - last_reconciled_s.get(k, float("-inf")) >= period_s)
+
+
+def gpu_node_infos(nodes: Iterable[Any]) -> list[Any]:
+    """`node_info` of each listed Node with GPUs (what the `gpu_nodes` index would hold)."""
+    return [info for info in (node_info(n) for n in nodes) if info is not None]
+
+
+def unwatched_namespaces(missed: Iterable[Key], known: Iterable[Key], missed_before: Iterable[Key],
+                         nodes_watched: bool) -> set[str]:
+    """Namespaces whose pods kopf's pod index surely lacks: those of objects a LIST found and the
+    watches did not, with no object the watches know in the same namespace (kopf watches a namespace
+    whole), missed in two LISTs in a row (a just-created object is not yet in the index; its pods would
+    then be counted twice), or at once when kopf watches no node at all (then it watches no namespace)."""
+    known_ns = {ns for ns, _ in known}
+    before = set(missed_before)
+    return {ns for ns, name in missed if ns not in known_ns and (not nodes_watched or (ns, name) in before)}
+
+
+def gpu_usage(pods: Iterable[Mapping[str, Any]]) -> list[tuple]:
+    """The `gpu_pods` index's usage entries of listed pods (pods without GPUs left out)."""
+    out = []
+    for p in pods:
+        entry = index_pod((p.get("metadata") or {}).get("namespace", ""), p)
+        if entry is not None:
+            out.append(entry[USAGE_KEY])
+    return out
