@@ -11,6 +11,11 @@ of surfacing only in users' clusters. Two helpers:
   values: cluster-wide workload rights, so an operator scoped by namespace
   globs such as `mp-op-*` is covered), then returns `token_kubeconfig` for it.
 
+- `operator_kubeconfig(cluster, path, ...)`: what e2e operators run with:
+  `chart_kubeconfig`, or the cluster-admin kubeconfig when
+  MESHPLAN_E2E_OPERATOR_ADMIN=1 (debugging only). Used by e2e/conftest.py's
+  `operator_kubeconfig` fixture and by the reliability kit (e2e/reliability/kit.py).
+
 Usage in an e2e module (files in e2e/ are loaded by path, like operator_runner):
 
     kcfg = chart_credentials.chart_kubeconfig(cluster, tmp_path / "sa.kubeconfig")
@@ -20,6 +25,7 @@ Usage in an e2e module (files in e2e/ are loaded by path, like operator_runner):
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -28,10 +34,13 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "meshplan"
+ADMIN_ENV = "MESHPLAN_E2E_OPERATOR_ADMIN"
+# Long enough for the slow reliability scenarios and the 30-minute soak in one session.
+TOKEN_DURATION_S = 6 * 3600
 KUBE_VERSION = "1.36.3"  # a go-built helm defaults to an old kube version (cluster-harness.md)
 
 
-def token_kubeconfig(cluster, sa: str, namespace: str, path: Path, duration_s: int = 3600) -> Path:
+def token_kubeconfig(cluster, sa: str, namespace: str, path: Path, duration_s: int = TOKEN_DURATION_S) -> Path:
     """A kubeconfig that authenticates as ServiceAccount `namespace/sa` (TokenRequest API)."""
     token = cluster.kubectl("create", "token", sa, "-n", namespace, f"--duration={duration_s}s").stdout.strip()
     admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
@@ -60,3 +69,12 @@ def chart_kubeconfig(cluster, path: Path, namespace: str = "meshplan-e2e-operato
                     "-f", "-", input=rendered)
     sa = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ServiceAccount")
     return token_kubeconfig(cluster, sa["metadata"]["name"], namespace, path)
+
+
+def operator_kubeconfig(cluster, path: Path, namespace: str = "meshplan-e2e-operator", release: str = "e2e",
+                        values: dict[str, Any] | None = None) -> Path:
+    """Credentials for an e2e operator: the chart's ServiceAccount (`chart_kubeconfig`), so a right missing
+    from the chart's RBAC fails a test; cluster-admin only when MESHPLAN_E2E_OPERATOR_ADMIN=1."""
+    if os.environ.get(ADMIN_ENV):
+        return Path(cluster.kubeconfig)
+    return chart_kubeconfig(cluster, path, namespace=namespace, release=release, values=values)

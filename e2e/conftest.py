@@ -64,11 +64,9 @@ def operator_kubeconfig(cluster, tmp_path_factory):
     e2e suite instead of surfacing in users' clusters (issue 7). Set
     MESHPLAN_E2E_OPERATOR_ADMIN=1 to run operators as cluster-admin while debugging.
     """
-    if os.environ.get("MESHPLAN_E2E_OPERATOR_ADMIN"):
-        return cluster.kubeconfig
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("chart_credentials", Path(__file__).with_name("chart_credentials.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.chart_kubeconfig(cluster, tmp_path_factory.mktemp("operator-sa") / "sa.kubeconfig")
+    return str(mod.operator_kubeconfig(cluster, tmp_path_factory.mktemp("operator-sa") / "sa.kubeconfig"))

@@ -120,14 +120,34 @@ def make_not_ready(cluster, name: str) -> None:
 # ----------------------------------------------------------------------------- operator
 
 
-def operator(cluster, namespace_glob: str, *extra: str, metrics: bool = True) -> OperatorProcess:
-    """A `meshplan run` subprocess scoped to `namespace_glob`, with a metrics port when asked."""
+_CREDENTIALS: dict[tuple[str, str, str], str] = {}
+
+
+def operator_kubeconfig(cluster, release: str = "e2e", values: dict[str, Any] | None = None) -> str:
+    """The Helm chart's ServiceAccount credentials (e2e/chart_credentials.py), made once per cluster and
+    chart values: the suite's operators have the chart's RBAC and nothing more, so a missing right fails
+    a scenario. MESHPLAN_E2E_OPERATOR_ADMIN=1: cluster-admin (debugging), as in e2e/conftest.py."""
+    import tempfile
+
+    from e2e.chart_credentials import operator_kubeconfig as make
+
+    key = (str(cluster.kubeconfig), release, json.dumps(values or {}, sort_keys=True))
+    if key not in _CREDENTIALS:
+        path = Path(tempfile.mkdtemp(prefix="meshplan-rel-sa-")) / "sa.kubeconfig"
+        _CREDENTIALS[key] = str(make(cluster, path, release=release, values=values))
+    return _CREDENTIALS[key]
+
+
+def operator(cluster, namespace_glob: str, *extra: str, metrics: bool = True,
+             kubeconfig: str | None = None, resync_s: float = 5.0) -> OperatorProcess:
+    """A `meshplan run` subprocess scoped to `namespace_glob`, with a metrics port when asked, running as
+    the chart's ServiceAccount (`operator_kubeconfig`) unless `kubeconfig` says otherwise."""
     args = list(extra)
     port = None
     if metrics:
         port = free_port()
         args += ["--metrics-port", str(port)]
-    op = OperatorProcess(cluster.kubeconfig, [namespace_glob], *args)
+    op = OperatorProcess(kubeconfig or operator_kubeconfig(cluster), [namespace_glob], *args, resync_s=resync_s)
     op.metrics_port = port      # type: ignore[attr-defined]
     return op
 

@@ -29,8 +29,11 @@ def test_only_the_leader_acts_and_a_killed_leader_hands_over(cluster, rel_fleet,
     ns = rel_namespace(cluster, request, "mprel-peer")
     cluster.kubectl("apply", "-f", "-", input=json.dumps(
         {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING, "namespace": ns}}))
-    leader = kit.operator(cluster, ns, "--peering", PEERING, "--priority", "100")
-    standby = kit.operator(cluster, ns, "--peering", PEERING, "--priority", "50")
+    # the chart as a user scopes it to one namespace with peering: a Role there, KopfPeering rights
+    creds = kit.operator_kubeconfig(cluster, release="rel-peer", values={
+        "watch.allNamespaces": False, "watch.namespaces": [ns], "peering.enabled": True})
+    leader = kit.operator(cluster, ns, "--peering", PEERING, "--priority", "100", kubeconfig=creds)
+    standby = kit.operator(cluster, ns, "--peering", PEERING, "--priority", "50", kubeconfig=creds)
     try:
         kit.start(leader)
         kit.start(standby)
