@@ -55,16 +55,22 @@ def token_kubeconfig(cluster, sa: str, namespace: str, path: Path, duration_s: i
     return path
 
 
+def render(cluster, templates: list[str], namespace: str, release: str = "e2e",
+           values: dict[str, Any] | None = None) -> str:
+    """`helm template` of some of the chart's templates (YAML text); `values` as dotted keys."""
+    argv = [cluster.binary("helm"), "template", release, str(CHART), "-n", namespace, "--kube-version", KUBE_VERSION]
+    for t in templates:
+        argv += ["--show-only", t]
+    for key, value in (values or {}).items():
+        argv += ["--set-json", f"{key}={json.dumps(value)}"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
 def chart_kubeconfig(cluster, path: Path, namespace: str = "meshplan-e2e-operator", release: str = "e2e",
                      values: dict[str, Any] | None = None) -> Path:
     """Apply the chart's ServiceAccount + RBAC (nothing else) and return a token kubeconfig for it."""
     cluster.kubectl("create", "namespace", namespace, check=False)  # exists on a reused cluster
-    argv = [cluster.binary("helm"), "template", release, str(CHART), "-n", namespace,
-            "--kube-version", KUBE_VERSION, "--show-only", "templates/serviceaccount.yaml",
-            "--show-only", "templates/rbac.yaml"]
-    for key, value in (values or {}).items():
-        argv += ["--set-json", f"{key}={json.dumps(value)}"]
-    rendered = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
+    rendered = render(cluster, ["templates/serviceaccount.yaml", "templates/rbac.yaml"], namespace, release, values)
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=meshplan-e2e",
                     "-f", "-", input=rendered)
     sa = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ServiceAccount")

@@ -1,4 +1,4 @@
-"""kopf settings: the digest diff-base storage (docs/reliability.md, F7).
+"""kopf settings: the digest diff-base storage (docs/reliability.md, F7) and kopf's peering pause rule.
 
 The storage is driven here the way kopf's processing drives it
 (kopf/_core/reactor/processing.py: `fetch`, `build`, `diffs.diff`, then `store`
@@ -8,6 +8,7 @@ into the patch once the handlers are done), with kopf's own Body, Patch and diff
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 
 import kopf
@@ -112,3 +113,21 @@ def test_configure_keeps_kopfs_annotation_progress_storage_and_uses_the_digest()
     assert isinstance(settings.persistence.diffbase_storage, DigestDiffBaseStorage)
     assert type(settings.persistence.progress_storage) is kopf.AnnotationsProgressStorage
     assert settings.persistence.progress_storage.prefix == operator_settings.ANNOTATION_PREFIX
+
+
+def test_outranked_follows_kopfs_pause_rule_on_live_peers():
+    now = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.timezone.utc)
+
+    def peer(priority: int, seen_s_ago: float, lifetime_s: int = 60) -> dict:
+        seen = now - datetime.timedelta(seconds=seen_s_ago)
+        return {"priority": priority, "lifetime": lifetime_s, "lastseen": seen.isoformat()}
+
+    me = peer(50, 1)
+    assert not operator_settings.outranked({"me": me}, 50, now)
+    assert operator_settings.outranked({"me": me, "leader": peer(100, 5)}, 50, now)
+    assert not operator_settings.outranked({"me": me, "leader": peer(100, 61)}, 50, now)      # expired: take over
+    assert not operator_settings.outranked({"me": me, "low": peer(10, 1)}, 50, now)
+    assert operator_settings.outranked({"me": me, "twin": peer(50, 1)}, 50, now)              # kopf pauses both
+    assert operator_settings.outranked({"me": me, "leader": {**peer(100, 0), "lastseen": "2026-11-30T11:59:58Z"}},
+                                       50, now)
+    assert not operator_settings.outranked({"me": me, "junk": "x", "bad": {"lastseen": "yesterday"}}, 50, now)

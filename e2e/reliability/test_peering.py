@@ -15,6 +15,9 @@ import json
 import time
 
 import pytest
+import yaml
+
+from e2e import chart_credentials
 
 from . import kit
 from .conftest import rel_namespace
@@ -27,11 +30,19 @@ def test_only_the_leader_acts_and_a_killed_leader_hands_over(cluster, rel_fleet,
     kit.ensure_crd(cluster)
     fleet = rel_fleet([kit.h100_group("rel-peer-h", 2)])
     ns = rel_namespace(cluster, request, "mprel-peer")
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(
-        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING, "namespace": ns}}))
-    # the chart as a user scopes it to one namespace with peering: a Role there, KopfPeering rights
-    creds = kit.operator_kubeconfig(cluster, release="rel-peer", values={
-        "watch.allNamespaces": False, "watch.namespaces": [ns], "peering.enabled": True})
+    # the chart as a user scopes it to one namespace with peering: kopf's peering CRDs and the
+    # KopfPeering object from the chart, a Role there with KopfPeering rights
+    values = {"watch.allNamespaces": False, "watch.namespaces": [ns], "peering.enabled": True,
+              "peering.name": PEERING}
+    docs = [d for d in yaml.safe_load_all(chart_credentials.render(
+        cluster, ["templates/peering.yaml"], "meshplan-e2e-operator", "rel-peer", values)) if d]
+    for kinds in (("CustomResourceDefinition",), ("KopfPeering",)):
+        for d in (d for d in docs if d["kind"] in kinds):
+            cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(d))
+            if d["kind"] == "CustomResourceDefinition":
+                cluster.kubectl("wait", "--for=condition=Established", f"crd/{d['metadata']['name']}",
+                                "--timeout=60s")
+    creds = kit.operator_kubeconfig(cluster, release="rel-peer", values=values)
     leader = kit.operator(cluster, ns, "--peering", PEERING, "--priority", "100", kubeconfig=creds)
     standby = kit.operator(cluster, ns, "--peering", PEERING, "--priority", "50", kubeconfig=creds)
     try:

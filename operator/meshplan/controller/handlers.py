@@ -25,6 +25,7 @@ is awaited by the resync loop for every LLMDeployment with
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -80,6 +81,7 @@ class State:
     # nodes when kopf watches no Node at all, the GPU pods of namespaces kopf never noticed.
     gap_nodes: list = field(default_factory=list)
     gap_usage: list = field(default_factory=list)
+    peering_checks: dict = field(default_factory=dict)   # peering object path -> (loop time, may act)
     loop: asyncio.AbstractEventLoop | None = None
 
     def enqueue(self, key: tuple[str, str], delay_s: float | None = 0.0) -> None:
@@ -148,11 +150,50 @@ def llmds(namespace: str, name: str, **_: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- lifecycle
 
 
+PEERING_CHECK_S = 2.0
+
+
+async def may_act(namespace: str) -> bool:
+    """False while kopf's peering pauses this operator for `namespace` (a standby replica).
+
+    kopf pauses its own handlers and watches, not meshplan's queue, requeues and
+    resync LIST: so the worker asks here first. The peering object (cluster-wide,
+    or the namespace's own for a namespace-scoped operator, as kopf reads them)
+    is read at most every `PEERING_CHECK_S`; a failed read keeps the last answer.
+    """
+    if not OPTIONS.peering or STATE.reconciler is None:
+        return True
+    if OPTIONS.namespaces:
+        path = f"/apis/kopf.dev/v1/namespaces/{namespace}/kopfpeerings/{OPTIONS.peering}"
+    else:
+        path = f"/apis/kopf.dev/v1/clusterkopfpeerings/{OPTIONS.peering}"
+    now = asyncio.get_running_loop().time()
+    cached = STATE.peering_checks.get(path)
+    if cached is not None and now - cached[0] < PEERING_CHECK_S:
+        return cached[1]
+    acting = cached[1] if cached is not None else True
+    try:
+        doc = await STATE.reconciler.kube.request("GET", path)
+        acting = not operator_settings.outranked(doc.get("status") or {}, OPTIONS.priority,
+                                                 datetime.datetime.now(datetime.timezone.utc))
+    except ApiError as exc:
+        if exc.status == 404:
+            acting = True          # no peering object there: kopf does not pause for it either
+        else:
+            log.warning("reading the peering object %s failed: %s", path, exc)
+    except (OSError, asyncio.TimeoutError) as exc:
+        log.warning("reading the peering object %s failed: %s", path, exc)
+    STATE.peering_checks[path] = (now, acting)
+    return acting
+
+
 async def _worker() -> None:
     assert STATE.queue is not None and STATE.reconciler is not None
     while True:
         key = await STATE.queue.get()
         STATE.pending.discard(key)
+        if not await may_act(key[0]):
+            continue      # a standby: when it takes over, kopf's resume and the resync queue everything
         try:
             res = await STATE.reconciler.reconcile(*key)
             STATE.last_reconciled[key] = asyncio.get_running_loop().time()
@@ -270,6 +311,8 @@ async def _resync() -> None:
             except Exception as exc:  # noqa: BLE001 - keep the last view; try again next period
                 log.warning("resync: reading nodes and pods past kopf's watches failed: %s", exc)
         for key in indexes.due_for_resync(keys, STATE.last_reconciled, loop.time(), OPTIONS.resync_s):
+            if not await may_act(key[0]):
+                continue
             if AUTOSCALE_HOOK is not None:
                 try:
                     await AUTOSCALE_HOOK(*key)

@@ -32,17 +32,20 @@ Why each one (docs/reliability.md, "Known kopf pitfalls")
 - Events: kopf posts its own log lines of WARNING and above as Kubernetes
   events; the reconciler posts its transition events itself.
 - Peering: standalone unless a peering name is given (then only the operator
-  with the highest priority acts; see `meshplan run --peering`).
+  with the highest priority acts; see `meshplan run --peering`). kopf pauses
+  only its own handlers and watches; meshplan's own queue and resync (which
+  LISTs objects itself) ask `outranked` first, reading kopf's peering object.
 - Errors: a handler that fails unexpectedly is retried with a growing delay
   (1 s, 2 s, 5 s, 10 s, 30 s, then every 60 s), never dropped.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import logging
-from typing import Any
+from typing import Any, Mapping
 
 import kopf
 
@@ -105,6 +108,35 @@ class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
             if key in body.metadata.annotations:
                 patch.metadata.annotations[key] = None
         self._store_marker(prefix=self.prefix, patch=patch, body=body)
+
+
+def outranked(peers: Mapping[str, Any], priority: int, now: datetime.datetime) -> bool:
+    """Whether kopf would pause an operator of `priority`, given the status of its peering object.
+
+    kopf's rule (kopf/_core/engines/peering.py, `process_peering_event`): pause
+    while another live peer has a higher priority, or the same priority. The
+    status maps each peer's id to {priority, lifetime (s), lastseen (ISO 8601)};
+    a peer is live until lastseen + lifetime. This operator's own record is in
+    it too, hence "more than one" for the same priority.
+    """
+    same = 0
+    for info in peers.values():
+        if not isinstance(info, Mapping):
+            continue
+        try:
+            seen = datetime.datetime.fromisoformat(str(info.get("lastseen")))
+            if seen.tzinfo is None:
+                seen = seen.replace(tzinfo=datetime.timezone.utc)
+            alive = seen + datetime.timedelta(seconds=int(info.get("lifetime", 60))) > now
+            peer_priority = int(info.get("priority", 0))
+        except (TypeError, ValueError):
+            continue
+        if not alive:
+            continue
+        if peer_priority > priority:
+            return True
+        same += peer_priority == priority
+    return same > 1
 
 
 def configure(settings: Any, *, peering: str | None = None, priority: int = 0,
