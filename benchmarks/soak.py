@@ -11,7 +11,9 @@ domains of 4 trays), one namespace and one `meshplan run` child process. Every
 (seeded): created when empty, else scaled 1 <-> 2, switched between two
 pinned layouts (TP8 <-> TP4: a rolling replacement), or deleted.
 
-Prints: the operations done, the operator's RSS sampled every 5 s (VmRSS),
+Prints: the operations done, the machine's 1-minute load average during the
+churn (median and max, sampled every period: the figures are only as good as
+the CPU the operator got), the operator's RSS sampled every 5 s (VmRSS),
 its slope over the run after a warm-up (least squares, MiB per hour, and the
 start/end medians of the first/last minute), peak RSS (VmHWM), tracebacks in
 its log, and after the churn stops, seconds until every remaining object is
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -107,6 +110,7 @@ def main() -> int:
         rng = random.Random(args.seed)
         slots: dict[str, dict | None] = {f"soak-{i:02d}": None for i in range(args.slots)}
         ops = {"create": 0, "scale": 0, "relayout": 0, "delete": 0, "failed": 0}
+        load_1min: list[float] = []
         t_start = time.monotonic()
         end = t_start + args.minutes * 60
         while time.monotonic() < end:
@@ -133,6 +137,7 @@ def main() -> int:
             except Exception as exc:  # noqa: BLE001 - count and go on (e.g. a delete still in progress)
                 ops["failed"] += 1
                 log(f"{name}: {exc}")
+            load_1min.append(os.getloadavg()[0])
             time.sleep(args.period_s)
         churn_s = time.monotonic() - t_start
         # settle: every remaining object Available, no pods of deleted ones
@@ -156,6 +161,8 @@ def main() -> int:
         peak = rss_kib(op.proc.pid)
         print(f"churn: {churn_s / 60:.1f} min, {sum(ops.values())} operations {ops} on {args.slots} slots "
               f"every {args.period_s:.0f} s")
+        print(f"load average (1 min) during the churn: median {statistics.median(load_1min):.1f}, "
+              f"max {max(load_1min):.1f} ({os.cpu_count()} CPUs)")
         print(f"operator RSS: first minute median {statistics.median(first) / 1024:.1f} MiB, last minute median "
               f"{statistics.median(last) / 1024:.1f} MiB, slope after {args.warmup_minutes:.0f} min warm-up "
               f"{slope_mib_per_h(warm):+.1f} MiB/h ({len(warm)} samples), peak (VmHWM) {peak['VmHWM'] / 1024:.1f} MiB")
