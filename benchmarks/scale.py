@@ -3,6 +3,7 @@
     python benchmarks/scale.py                              # private control plane, 1,000 nodes, 200 objects
     python benchmarks/scale.py --nodes 200 --objects 40     # smaller
     python benchmarks/scale.py --reuse                      # on the running dev cluster (adds, then deletes, its nodes)
+    python benchmarks/scale.py --cpu                        # no cluster: CPU of one reconcile's pure part
 
 Prints figures, asserts only that every object was reconciled (exit 1 otherwise):
 
@@ -183,6 +184,36 @@ def get_cluster(reuse: bool):
     return c, True
 
 
+def decide_cpu(nodes: int, other_pods: int = 300, runs: int = 30) -> None:
+    """Milliseconds of CPU for the part of a reconcile between read and apply (the World's topology
+    without the object's own pods, then `Reconciler._decide` with the plan cached), on `nodes` GPU
+    nodes of this benchmark's fleet with `other_pods` 8-GPU pods of other deployments. No cluster."""
+    from meshplan.controller.reconcile import Reconciler, World
+    from meshplan.devcluster.fleets import fleet_nodes
+    from meshplan.topology import node_info
+
+    infos = []
+    for n in fleet_nodes(fleet_spec(nodes)):
+        n["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        info = node_info(n)
+        if info is not None:
+            infos.append(info)
+    usage = [("other", f"d{i}", infos[i % len(infos)].name, 8) for i in range(other_pods)]
+    world = World(nodes=lambda: infos, usage=lambda: usage)
+    rec = Reconciler(kube=None, world=world, compute_domains=False)
+    for product, replicas in ((H100, 2), (GB200, 1)):
+        body = llmd("llm-000", product, replicas)
+        body["metadata"].update({"namespace": "ns", "uid": f"u-{product}", "generation": 1})
+        rec._decide(body, world.topology_without("ns", "llm-000"), [], [], [])     # plans once (then cached)
+        took_ms = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            rec._decide(body, world.topology_without("ns", "llm-000"), [], [], [])
+            took_ms.append((time.perf_counter() - t) * 1000)
+        print(f"decide CPU at {len(infos)} nodes, {other_pods} other pods, {product} x{replicas}: "
+              f"median {statistics.median(took_ms):.1f} ms, min {min(took_ms):.1f} ms per reconcile (n={runs})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=1000)
@@ -190,7 +221,11 @@ def main() -> int:
     ap.add_argument("--namespaces", type=int, default=4)
     ap.add_argument("--reuse", action="store_true", help="use the running dev cluster instead of a private one")
     ap.add_argument("--timeout-s", type=float, default=600)
+    ap.add_argument("--cpu", action="store_true", help="only the CPU of one reconcile's pure part (no cluster)")
     args = ap.parse_args()
+    if args.cpu:
+        decide_cpu(args.nodes)
+        return 0
 
     from meshplan.api.crd import build_crd
     from meshplan.controller.process import OperatorProcess
