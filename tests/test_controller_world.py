@@ -20,13 +20,24 @@ def test_a_reservation_counts_for_others_until_the_index_shows_the_pod():
     w.reserve("ns", "a", [("a-r0-0", "hgx-1", 8)])
     assert w.topology_without("ns", "b").nodes["hgx-1"].free_gpus == 0      # the next placement sees it taken
     assert w.topology_without("ns", "a").nodes["hgx-1"].free_gpus == 8      # not charged to its own deployment
-    index.append(("ns", "a", "hgx-1", 8))                                   # the watch caught up: not twice
-    assert w.topology_without("ns", "b").nodes["hgx-1"].free_gpus == 0
-    index.clear()
     index.append(("ns", "a", "hgx-1", 4))                                   # index shows less: the larger counts
     assert w.topology_without("ns", "b").nodes["hgx-1"].free_gpus == 0
-    now[0] = RESERVATION_TTL_S + 1                                          # expired: the index alone
-    assert w.topology_without("ns", "b").nodes["hgx-1"].free_gpus == 4
+    index[0] = ("ns", "a", "hgx-1", 8)                                      # the watch caught up: not twice
+    assert w.topology_without("ns", "b").nodes["hgx-1"].free_gpus == 0
+    assert not w.reserved                                                   # ... and the index alone counts now
+    index.clear()                                                           # deleted by someone else: freed at once
+    assert w.topology_without("ns", "b").nodes["hgx-1"].free_gpus == 8
+
+
+def test_reservations_expire_and_go_with_their_deployment():
+    w, now = _world([])
+    w.reserve("ns", "a", [("a-r0-0", "hgx-1", 8)])
+    w.reserve("ns", "c", [("c-r0-0", "hgx-2", 8)])
+    now[0] = RESERVATION_TTL_S + 1                                          # never seen by the index: expires
+    assert w.topology_without("ns", "b").nodes["hgx-1"].free_gpus == 8
+    w.reserve("ns", "c", [("c-r1-0", "hgx-0", 8)])
+    w.forget("ns", "c")                                                     # the LLMDeployment was deleted
+    assert w.topology_without("ns", "b").free_gpus == 24
     assert not w.reserved
 
 

@@ -205,7 +205,7 @@ def plan_from_annotation(value: str | None, key: str) -> Any:
         return None        # unreadable (edited by hand, older format): plan again
 
 
-RESERVATION_TTL_S = 120.0   # how long a pod this operator just decided to create is charged without the watch
+RESERVATION_TTL_S = 60.0    # how long a pod this operator just decided to create is charged without the watch
 
 
 @dataclass
@@ -219,8 +219,9 @@ class World:
     sees the GPUs a previous reconcile just took as free and best-fit picks the very same node;
     one of the two groups is then moved (deleted and created again) when its reconcile sees the
     node over-full. A reservation counts until the index shows at least as many GPUs for that
-    deployment on that node (per (namespace, deployment, node) the larger of the two is
-    charged, never their sum), until the pod is deleted by us, or for `RESERVATION_TTL_S`.
+    deployment on that node (then it is dropped: the index alone counts, also once someone else
+    deletes the pods; until then the larger of the two is charged, never their sum), until we
+    delete the pod or the deployment is gone, or for `RESERVATION_TTL_S`.
     Decisions are serialised (`DECIDE_THREADS` = 1), so each sees the previous one's reservations.
     """
 
@@ -242,22 +243,34 @@ class World:
         for pod in deleted:
             self.reserved.pop((namespace, pod), None)
 
+    def forget(self, namespace: str, name: str) -> None:
+        """Stop charging the reservations of a deployment that is gone."""
+        for key, (dep, *_rest) in list(self.reserved.items()):
+            if key[0] == namespace and dep == name:
+                self.reserved.pop(key, None)
+
     def _usage_without(self, own: tuple[str, str]) -> list[tuple[str, int]]:
         by_key: dict[tuple[str, str | None, str], int] = {}
         for ns, dep, node, g in self.usage():
-            if (ns, dep) != own:
-                by_key[(ns, dep, node)] = by_key.get((ns, dep, node), 0) + g
+            by_key[(ns, dep, node)] = by_key.get((ns, dep, node), 0) + g
         if self.reserved:
             now = self.clock_s()
             mine: dict[tuple[str, str | None, str], int] = {}
             for (ns, pod), (dep, node, g, until) in list(self.reserved.items()):
                 if until <= now:
                     self.reserved.pop((ns, pod), None)
-                elif (ns, dep) != own:
+                else:
                     mine[(ns, dep, node)] = mine.get((ns, dep, node), 0) + g
             for key, g in mine.items():
-                by_key[key] = max(by_key.get(key, 0), g)
-        return [(node, g) for (_, _, node), g in by_key.items()]
+                if by_key.get(key, 0) >= g:
+                    # The index caught up: from now on it alone says what these pods hold (also once
+                    # they are deleted by someone else, e.g. with their namespace).
+                    for rkey, (dep, node, *_rest) in list(self.reserved.items()):
+                        if (rkey[0], dep, node) == key:
+                            self.reserved.pop(rkey, None)
+                else:
+                    by_key[key] = g
+        return [(node, g) for (ns, dep, node), g in by_key.items() if (ns, dep) != own]
     # (node infos, topology of those nodes with nothing used): the fleet's shape changes far less
     # often than its usage, so a reconcile only charges the usage to it (`Topology.with_usage`
     # recomputes the touched nodes and domains) instead of regrouping 1,000 nodes into domains.
@@ -353,6 +366,7 @@ class Reconciler:
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
     def forget(self, namespace: str, name: str, uid: str | None = None) -> None:
+        self.world.forget(namespace, name)
         self.locks.pop((namespace, name), None)
         self.autoscaler_conditions.pop((namespace, name), None)
         if uid:
