@@ -49,6 +49,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping
 
 from meshplan.controller import apply as applier
+from meshplan.controller import indexes
 from meshplan.controller.decide import OWNED_STATUS_KEYS, Inputs, Outcome, decide, target_for
 from meshplan.controller.kube import COMPUTE_DOMAIN_CRD, ApiError, Kube, count_writes, resource_path
 from meshplan.controller.status import status_patch
@@ -305,9 +306,8 @@ class ForeignUsage:
     by_node: list[tuple[str, int]] = field(default_factory=list)
 
     def served_namespace(self, namespace: str) -> bool:
-        from fnmatch import fnmatchcase
-
-        return any(fnmatchcase(namespace, g) for g in self.served)
+        # only used by scoped operators (`served` is never empty here)
+        return indexes.served_namespace(namespace, self.served)
 
     def update(self, pods: Iterable[Mapping[str, Any]]) -> None:
         from meshplan.topology import pod_gpu_usage
