@@ -200,6 +200,9 @@ def test_huge_admitted_manifest_causes_no_error_loop(cluster, ns, op, fleet):
     time.sleep(15)
     log = op.tail(10 ** 7)[log_start:]
     assert log.count("Traceback") == 0, log[-3000:]
+    # the refused create is tried once per generation, not again at every resync (5 s here)
+    refusals = [line for line in log.splitlines() if "WARNING" in line and "the API server refuses" in line]
+    assert len(refusals) == 1, refusals
     kopf_trouble = [line for line in log.splitlines() if line.startswith("[") and "] kopf." in line
                     and ("[ERROR" in line or "[WARNING" in line or "Throttling" in line)]
     assert not kopf_trouble, kopf_trouble[:5]

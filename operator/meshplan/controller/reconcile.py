@@ -350,6 +350,9 @@ class Reconciler:
     compute_domains: bool | None = None            # None: look the CRD up once
     plans: dict[str, tuple[str, Any]] = field(default_factory=dict)   # uid -> (plan key, Plan)
     plan_specs: dict[str, str] = field(default_factory=dict)           # uid -> spec_key of the cached plan
+    # uid -> (metadata.generation, message): the API server refused a child this generation renders;
+    # not tried again until the spec changes (a refused create cannot succeed for the same spec).
+    refusals: dict[str, tuple[Any, str]] = field(default_factory=dict)
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
     # (namespace, name) -> (type, status, reason, message) tuples the autoscaler wants in status.conditions;
@@ -372,6 +375,7 @@ class Reconciler:
         if uid:
             self.plans.pop(uid, None)
             self.plan_specs.pop(uid, None)
+            self.refusals.pop(uid, None)
 
     async def reconcile(self, namespace: str, name: str) -> Result:
         lock = self.locks.setdefault((namespace, name), asyncio.Lock())
@@ -412,7 +416,12 @@ class Reconciler:
         pods = [p for p in pods if _owned_by(p, uid)]
         services = [s for s in services if _owned_by(s, uid)]
         cds = [c for c in cds if _owned_by(c, uid)]
-        outcome = await self._in_thread(self._decide_in_thread, namespace, name, body, pods, services, cds)
+        # A child this generation renders was refused before: report it again without retrying the create.
+        generation = body["metadata"].get("generation")
+        known = self.refusals.get(uid)
+        known_refusal = known[1] if known is not None and known[0] == generation else None
+        outcome = await self._in_thread(self._decide_in_thread, namespace, name, body, pods, services, cds,
+                                        known_refusal)
         cached = self.plans.get(uid)
         stored = (body["metadata"].get("annotations") or {}).get(PLAN_ANNOTATION)
         if cached is not None and plan_annotation_key(stored) != cached[0]:
@@ -421,8 +430,8 @@ class Reconciler:
                                body={"metadata": {"annotations": {PLAN_ANNOTATION: value}}},
                                content_type="application/merge-patch+json")
 
-        refused = None
-        for desired, live in outcome.apply:
+        refused = known_refusal
+        for desired, live in (outcome.apply if refused is None else ()):
             try:
                 await applier.apply(kube, desired, live)
             except applier.ImmutableFieldChanged as exc:
@@ -439,14 +448,16 @@ class Reconciler:
                            f"renders: {exc.message[:600]}. Shrink what the spec adds to every pod "
                            "(spec.engine.env, spec.nccl.env, spec.engine.extraArgs)")
                 log.warning("%s/%s: %s", namespace, name, refused)
+                self.refusals[uid] = (generation, refused)
                 break
         if refused is None:
+            self.refusals.pop(uid, None)
             # Every create above succeeded, so each new group's pods all exist: release them now (all
             # or nothing, decide rule 4), not one queue round later.
             for group in outcome.release:
                 for pod in group:
                     await applier.apply(kube, pod, None)
-        else:
+        elif known_refusal is None:
             outcome = await self._in_thread(self._decide_in_thread, namespace, name, body, pods, services, cds,
                                               refused)
         for api_version, kind, child, child_uid in outcome.delete:
