@@ -169,6 +169,21 @@ def main() -> int:
         print(f"settled: {len(live)} remaining objects Available and no orphan pods after "
               f"{settled if settled is not None else float('nan'):.1f} s")
         print(f"operator log: {op.log_path.read_text(errors='replace').count('Traceback')} traceback(s)")
+        if settled is None:   # say why: each object not Available with its conditions, and stray pods
+            for o in items:
+                if not is_available(o):
+                    st = o.get("status") or {}
+                    conds = "; ".join(f"{c['type']}={c['status']} {c.get('reason', '')}: {c.get('message', '')[:300]}"
+                                      for c in st.get("conditions", []) if c["status"] != "True")
+                    print(f"  not settled: {o['metadata']['name']} generation {o['metadata']['generation']} "
+                          f"observed {st.get('observedGeneration')} ready {st.get('readyReplicas')}/"
+                          f"{o['spec'].get('replicas')}: {conds}")
+            for p in pods:
+                owner = p["metadata"]["labels"].get("meshplan.dev/deployment")
+                if owner not in live:
+                    print(f"  orphan pod: {p['metadata']['name']} of {owner} ({p.get('status', {}).get('phase')})")
+            if {o["metadata"]["name"] for o in items} != live:
+                print(f"  objects: expected {sorted(live)}, found {sorted(o['metadata']['name'] for o in items)}")
         ok = settled is not None
     finally:
         if op is not None:
