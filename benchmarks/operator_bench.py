@@ -27,8 +27,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parent.parent
 FLEET = "gb200-nvl72"
 
@@ -39,7 +37,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _llmd(name: str, tensor: int, replicas: int, max_gpus: int, model: str = "llama-3.1-70b") -> dict:
+def llmd_manifest(name: str, tensor: int, replicas: int, max_gpus: int, model: str = "llama-3.1-70b",
+                  products: tuple[str, ...] = ("NVIDIA-GB200",), fleet: str = FLEET) -> dict:
+    """The benchmarks' LLMDeployment: FP8, ISL/OSL 1024/256, pinned TP (PP 1) on `products` in `fleet`."""
     return {
         "apiVersion": "meshplan.dev/v1alpha1", "kind": "LLMDeployment", "metadata": {"name": name},
         "spec": {
@@ -47,8 +47,8 @@ def _llmd(name: str, tensor: int, replicas: int, max_gpus: int, model: str = "ll
             "precision": {"weights": "fp8", "kvCache": "fp8"},
             "workload": {"inputTokens": 1024, "outputTokens": 256},
             "parallelism": {"tensor": tensor, "pipeline": 1},
-            "gpus": {"products": ["NVIDIA-GB200"], "maxGpus": max_gpus,
-                     "nodeSelector": {"meshplan.dev/fleet": FLEET}},
+            "gpus": {"products": list(products), "maxGpus": max_gpus,
+                     "nodeSelector": {"meshplan.dev/fleet": fleet}},
             "replicas": replicas,
         },
     }
@@ -112,7 +112,7 @@ def main() -> int:
 
     try:
         # ---- 1. gang start of 4 x 16-GPU replicas
-        m = _llmd("gang", tensor=16, replicas=args.replicas, max_gpus=16 * args.replicas)
+        m = llmd_manifest("gang", tensor=16, replicas=args.replicas, max_gpus=16 * args.replicas)
         want = args.replicas * 4
         t0 = time.monotonic()
         kc("apply", "-n", ns, "-f", "-", input=json.dumps(m))
@@ -135,7 +135,7 @@ def main() -> int:
         before = _histogram(metrics(), hist)
         names = [f"m{i:03d}" for i in range(args.objects)]
         docs = {"apiVersion": "v1", "kind": "List",
-                "items": [_llmd(n, tensor=1, replicas=1, max_gpus=1, model="llama-3.1-8b") for n in names]}
+                "items": [llmd_manifest(n, tensor=1, replicas=1, max_gpus=1, model="llama-3.1-8b") for n in names]}
         t0 = time.monotonic()
         kc("apply", "-n", ns, "-f", "-", input=json.dumps(docs), timeout=300)
         while time.monotonic() - t0 < 600 and not available(names):

@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.operator_bench import _delta, _free_port, _histogram, _quantile  # noqa: E402
+from benchmarks.operator_bench import _delta, _free_port, _histogram, _quantile, llmd_manifest  # noqa: E402
 
 FLEET = "rel-scale"
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -103,18 +103,8 @@ def ready_nodes(cluster, fleet_name: str) -> int:
 
 
 def llmd(name: str, product: str, replicas: int, fleet: str = FLEET) -> dict:
-    return {
-        "apiVersion": "meshplan.dev/v1alpha1", "kind": "LLMDeployment", "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "llama-3.1-70b"},
-            "precision": {"weights": "fp8", "kvCache": "fp8"},
-            "workload": {"inputTokens": 1024, "outputTokens": 256},
-            "parallelism": {"tensor": 8, "pipeline": 1},
-            "gpus": {"products": [product], "maxGpus": 8 * max(replicas, 2),
-                     "nodeSelector": {"meshplan.dev/fleet": fleet}},
-            "replicas": replicas,
-        },
-    }
+    return llmd_manifest(name, tensor=8, replicas=replicas, max_gpus=8 * max(replicas, 2), products=(product,),
+                         fleet=fleet)
 
 
 def rss_kib(pid: int) -> dict[str, int]:

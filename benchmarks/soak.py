@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.operator_bench import _free_port  # noqa: E402
+from benchmarks.operator_bench import _free_port, llmd_manifest  # noqa: E402
 from benchmarks.scale import RssSampler, create_nodes, is_available, log, rss_kib  # noqa: E402
 
 FLEET = "rel-soak"
@@ -52,18 +52,8 @@ def slope_mib_per_h(samples: list[tuple[float, int]]) -> float:
 
 
 def manifest(name: str, replicas: int, tensor: int) -> dict:
-    return {
-        "apiVersion": "meshplan.dev/v1alpha1", "kind": "LLMDeployment", "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "llama-3.1-70b"},
-            "precision": {"weights": "fp8", "kvCache": "fp8"},
-            "workload": {"inputTokens": 1024, "outputTokens": 256},
-            "parallelism": {"tensor": tensor, "pipeline": 1},
-            "gpus": {"products": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-GB200"], "maxGpus": 16,
-                     "nodeSelector": {"meshplan.dev/fleet": FLEET}},
-            "replicas": replicas,
-        },
-    }
+    return llmd_manifest(name, tensor=tensor, replicas=replicas, max_gpus=16,
+                         products=("NVIDIA-H100-80GB-HBM3", "NVIDIA-GB200"), fleet=FLEET)
 
 
 def main() -> int:

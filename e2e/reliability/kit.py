@@ -183,16 +183,6 @@ def reconciles(op: OperatorProcess) -> float:
     return metric(op, "meshplan_reconciles_total", 'result="ok"')
 
 
-def rss_kib(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM (peak) of a process, in KiB, from /proc/<pid>/status."""
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        k, _, v = line.partition(":")
-        if k in ("VmRSS", "VmHWM"):
-            out[k] = int(v.split()[0])
-    return out
-
-
 def kill9(op: OperatorProcess) -> None:
     assert op.proc is not None
     os.killpg(op.proc.pid, signal.SIGKILL)
