@@ -16,8 +16,10 @@ churn (median and max, sampled every period: the figures are only as good as
 the CPU the operator got), the operator's RSS sampled every 5 s (VmRSS),
 its slope over the run after a warm-up (least squares, MiB per hour, and the
 start/end medians of the first/last minute), peak RSS (VmHWM), tracebacks in
-its log, and after the churn stops, seconds until every remaining object is
-Available with no pod of a deleted object left (exit 1 if that never happens).
+its log, moves of a deployment to its other allowed GPU product (its
+planned product full: `decide.fallback_target`), and after the churn stops,
+seconds until every remaining object is Available with no pod of a deleted
+object left (exit 1 if that never happens).
 """
 
 from __future__ import annotations
@@ -158,7 +160,9 @@ def main() -> int:
               f"{slope_mib_per_h(warm):+.1f} MiB/h ({len(warm)} samples), peak (VmHWM) {peak['VmHWM'] / 1024:.1f} MiB")
         print(f"settled: {len(live)} remaining objects Available and no orphan pods after "
               f"{settled if settled is not None else float('nan'):.1f} s")
-        print(f"operator log: {op.log_path.read_text(errors='replace').count('Traceback')} traceback(s)")
+        log_text = op.log_path.read_text(errors='replace')
+        print(f"operator log: {log_text.count('Traceback')} traceback(s); "
+              f"{log_text.count('planned again on')} move(s) to another GPU product (PlanMovedProduct)")
         if settled is None:   # say why: each object not Available with its conditions, and stray pods
             for o in items:
                 if not is_available(o):

@@ -256,6 +256,68 @@ def target_for(spec: Any, plan: Plan, topology: Topology, compute_domains: bool 
     return Target(plan, serving, network, pods, product, per_node or 1)
 
 
+def replicas_that_fit(target: Target, topology: Topology, replicas: int) -> int:
+    """How many of `replicas` whole groups of `target` fit `topology` (which leaves out the
+    deployment's own pods, so the GPUs its groups hold count as free) when placed afresh."""
+    from meshplan.autoscale.capacity import count_fitting
+
+    if target.plan.choice is None or replicas <= 0:
+        return 0
+    selector = dict(target.pods.node_selector)
+    layout = dataclasses.replace(target.plan.choice.layout, dp=1)
+    request = request_for_layout(layout, target.gpus_per_node or 1, replicas=0, product=target.product,
+                                 node_selector=selector)
+    fits, _ = count_fitting(request, topology.select(selector), current=0, upper=replicas)
+    return fits
+
+
+def fallback_target(spec: Any, target: Target, topology: Topology, replicas: int, plan_fn: Any,
+                    compute_domains: bool = False) -> Target | None:
+    """The plan for another GPU product, when the planned one cannot hold `replicas` whole groups.
+
+    A spec may allow several products (`spec.gpus.products`, or none named: whatever the
+    selected nodes have). The plan picks one of them for its objective; all replica groups
+    run that product's layout. When that product has no room for the desired count but
+    another allowed product has room for all of it, waiting (Placed=False) while allowed
+    GPUs stand idle serves nobody: this returns the target of the plan made on that
+    product's free GPUs alone (`plan_fn(spec, fleet)`, `planner.plan_for_spec`), the first
+    product, most free GPUs first, that fits every replica. The caller adopts it as the
+    deployment's plan, so the running groups are replaced by a rolling update (surge: new
+    groups on the other product first, old ones removed once the new ones are ready) and
+    scaling back down later does not move them again. None when the planned product fits,
+    or when no other product fits all `replicas` (then Placed=False says what is free).
+    A mix of products within one deployment is not made: one layout, one engine config,
+    one per-replica capacity for the autoscaler.
+    """
+    from meshplan.catalog.gpus import get_gpu
+    from meshplan.topology import LABEL_PRODUCT
+
+    if replicas <= 0 or target.plan.choice is None or replicas_that_fit(target, topology, replicas) >= replicas:
+        return None
+    selector = dict(target.pods.node_selector)
+    selected = topology.select(selector)
+    free: dict[str, int] = {}
+    for d in selected.domains:
+        try:
+            same = get_gpu(d.product).name == target.plan.choice.gpu
+        except KeyError:
+            same = False
+        if d.product and d.product != target.product and not same:
+            free[d.product] = free.get(d.product, 0) + d.free_gpus
+    for product in sorted((p for p, f in free.items() if f > 0), key=lambda p: (-free[p], p)):
+        only = selected.select({**selector, LABEL_PRODUCT: product})
+        try:
+            plan = plan_fn(spec, only.to_fleet())
+        except ValueError:
+            continue
+        if plan.choice is None:
+            continue
+        alt = target_for(spec, plan, only, compute_domains)
+        if alt.product == product and replicas_that_fit(alt, topology, replicas) >= replicas:
+            return alt
+    return None
+
+
 def _selector(name: str) -> str:
     return f"{LABEL_DEPLOYMENT}={name},{LABEL_ROLE}=leader"
 
@@ -574,5 +636,5 @@ def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGr
     return status
 
 
-__all__ = ["target_for", "Inputs", "LiveGroup", "LivePod", "OWNED_STATUS_KEYS", "Outcome", "Target", "decide", "live_groups",
+__all__ = ["fallback_target", "replicas_that_fit", "target_for", "Inputs", "LiveGroup", "LivePod", "OWNED_STATUS_KEYS", "Outcome", "Target", "decide", "live_groups",
            "live_pod"]

@@ -10,7 +10,11 @@
               only when the inputs that matter change (the spec without
               `replicas`/`autoscaling`, and the fleet's shape: domains, products,
               GPUs of schedulable nodes). A spec that cannot be planned is
-              re-planned every time (capacity may have appeared).
+              re-planned every time (capacity may have appeared). When the
+              planned GPU product cannot hold the desired replica count but
+              another product the spec allows can, the plan for that product
+              replaces it (`decide.fallback_target`; a rolling update moves the
+              groups, event PlanMovedProduct).
     decide    `controller.decide.decide`: the children to apply/delete and the status.
     apply     children with server-side apply (`controller.apply`), deletes with
               UID preconditions (never a newer object of the same name); then,
@@ -50,7 +54,15 @@ from typing import Any, Callable, Iterable, Mapping
 
 from meshplan.controller import apply as applier
 from meshplan.controller import indexes
-from meshplan.controller.decide import OWNED_STATUS_KEYS, Inputs, Outcome, decide, target_for
+from meshplan.controller.decide import (
+    OWNED_STATUS_KEYS,
+    Inputs,
+    Outcome,
+    decide,
+    fallback_target,
+    replicas_that_fit,
+    target_for,
+)
 from meshplan.controller.kube import COMPUTE_DOMAIN_CRD, ApiError, Kube, count_writes, resource_path
 from meshplan.controller.status import status_patch
 from meshplan.render.workloads import LABEL_DEPLOYMENT
@@ -353,6 +365,9 @@ class Reconciler:
     # uid -> (metadata.generation, message): the API server refused a child this generation renders;
     # not tried again until the spec changes (a refused create cannot succeed for the same spec).
     refusals: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    # uids whose cached plan was replaced under the same plan key (another GPU product had room,
+    # `decide.fallback_target`): their plan annotation is rewritten although the key is unchanged.
+    plans_moved: set[str] = field(default_factory=set)
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
     # (namespace, name) -> (type, status, reason, message) tuples the autoscaler wants in status.conditions;
@@ -376,6 +391,7 @@ class Reconciler:
             self.plans.pop(uid, None)
             self.plan_specs.pop(uid, None)
             self.refusals.pop(uid, None)
+            self.plans_moved.discard(uid)
 
     async def reconcile(self, namespace: str, name: str) -> Result:
         lock = self.locks.setdefault((namespace, name), asyncio.Lock())
@@ -424,7 +440,8 @@ class Reconciler:
                                         known_refusal)
         cached = self.plans.get(uid)
         stored = (body["metadata"].get("annotations") or {}).get(PLAN_ANNOTATION)
-        if cached is not None and plan_annotation_key(stored) != cached[0]:
+        if cached is not None and (plan_annotation_key(stored) != cached[0] or uid in self.plans_moved):
+            self.plans_moved.discard(uid)
             value = plan_to_annotation(cached[0], cached[1])
             await kube.request("PATCH", resource_path(API_VERSION, KIND, namespace, name),
                                body={"metadata": {"annotations": {PLAN_ANNOTATION: value}}},
@@ -532,7 +549,25 @@ class Reconciler:
             return decide(Inputs(desired_replicas=desired, planned_reason=reason, planned_message=message,
                                  **common))
         target = target_for(spec, plan, topology, bool(self.compute_domains))
-        return decide(Inputs(desired_replicas=desired, target=target, **common))
+        outcome = decide(Inputs(desired_replicas=desired, target=target, **common))
+        if outcome.placement is not None and outcome.placement.unplaced:
+            # The planned product is full: another product the spec allows may hold every replica.
+            from meshplan.planner import plan_for_spec
+
+            alt = fallback_target(spec, target, topology, desired, plan_for_spec, bool(self.compute_domains))
+            if alt is not None:
+                fit = replicas_that_fit(target, topology, desired)
+                self.plans[common["uid"]] = (plan_key(spec, topology), alt.plan)
+                self.plan_specs[common["uid"]] = spec_key(spec)
+                self.plans_moved.add(common["uid"])
+                outcome = decide(Inputs(desired_replicas=desired, target=alt, **common))
+                message = (f"{target.product} has room for {fit} of {desired} replica(s), {alt.product} for all: "
+                           f"planned again on {alt.product} as {alt.plan.choice.layout.label()} "
+                           f"({alt.plan.choice.layout.gpus_per_replica} GPUs per replica); the running groups "
+                           "are replaced one at a time")
+                log.info("%s/%s: %s", common["namespace"], common["name"], message)
+                outcome.events.append(("Normal", "PlanMovedProduct", message))
+        return outcome
 
     def _plan(self, uid: str, spec: Any, topology: Topology, stored: str | None = None) -> Any:
         """The plan for `spec`: cached, else the one stored on the object by an earlier run of the
