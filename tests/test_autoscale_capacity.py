@@ -40,8 +40,8 @@ def test_capacity_feeds_the_policy_scaling_limited_message() -> None:
     hot = MetricsSnapshot(ok=True, ttft_s=3.0, itl_s=0.02, request_rate_per_s=4.0, queue_depth=0, running=10,
                           sample_age_s=1.0)
     cfg = AutoscaleConfig(min_replicas=0, max_replicas=6, ttft_target_s=1.0)
-    state = decide(AutoscaleState(desired_replicas=0), hot, cfg, cap, 0.0).state
-    d = decide(state, hot, cfg, cap, 60.0)
+    # the request rate alone needs more: the first evaluation scales (no up window)
+    d = decide(AutoscaleState(desired_replicas=0), hot, cfg, cap, 0.0)
     assert d.desired_replicas == 1
     limited = [c for c in d.conditions if c.type == "ScalingLimited"][0]
     assert limited.status == "True" and "hgx-1=6" in limited.message and "small=4" in limited.message

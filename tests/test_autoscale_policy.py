@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -26,7 +27,10 @@ from meshplan.autoscale.snapshot import (
 from meshplan.planner.types import SLO
 
 T0 = 1_000_000.0
-CFG = AutoscaleConfig(min_replicas=1, max_replicas=10, ttft_target_s=1.0, itl_target_s=0.05, target_load_fraction=0.9)
+# The table's cases are about the rules, so no burst prior: the load needs what it asks for now
+# (the burst headroom has its own tests below).
+CFG = AutoscaleConfig(min_replicas=1, max_replicas=10, ttft_target_s=1.0, itl_target_s=0.05, target_load_fraction=0.9,
+                      initial_burst_rise=0.0)
 CAP = ReplicaCapacity(requests_per_s_at_slo=2.0)  # sized at 90 %: 1.8 req/s per replica
 
 
@@ -77,21 +81,34 @@ def test_a_dip_restarts_the_up_window() -> None:
 def test_jump_to_what_the_load_needs() -> None:
     # 14 req/s + 60 queued / 60 s = 15 req/s demand; 15 / 1.8 -> 9 replicas
     hot = snap(ttft=3.0, rps=14.0, queue=60)
-    d = run(AutoscaleState(desired_replicas=5), hot, [T0, T0 + 60])[-1]
+    d = run(AutoscaleState(desired_replicas=5), hot, [T0, T0 + 60])[0]
     assert d.load_replicas == math.ceil(15.0 / (2.0 * 0.9))
     assert d.desired_replicas == 9 and d.wanted_replicas == 9
 
 
+def test_load_driven_scale_up_does_not_wait_for_the_up_window() -> None:
+    # The request rate is already a window's average: when it alone needs more, the first evaluation acts.
+    hot = snap(ttft=0.5, rps=6.0)  # 6 / 1.8 -> 4
+    d = decide(AutoscaleState(desired_replicas=2), hot, CFG, CAP, T0)
+    assert d.reason == P.SCALED_UP and d.desired_replicas == 4
+    # ...but in-flight requests alone (a gauge, noisier) still wait the window
+    crowded = snap(ttft=0.5, rps=2.0, running=200)
+    cap = ReplicaCapacity(requests_per_s_at_slo=2.0, concurrency_at_slo=40)
+    ds = run(AutoscaleState(desired_replicas=2), crowded, [T0, T0 + 30, T0 + 60], cap=cap)
+    assert [d.reason for d in ds[:2]] == [P.SCALE_UP_PENDING] * 2
+    assert ds[-1].desired_replicas == math.ceil(200 / (40 * 0.9))
+
+
 def test_step_limit_bounds_the_jump() -> None:
     hot = snap(ttft=3.0, rps=30.0)  # needs 17
-    d = run(AutoscaleState(desired_replicas=2), hot, [T0, T0 + 60])[-1]
+    d = decide(AutoscaleState(desired_replicas=2), hot, CFG, CAP, T0)
     assert d.desired_replicas == 2 + CFG.max_step_up
     assert d.wanted_replicas == 17
 
 
 def test_load_alone_triggers_scale_up_before_latency_breaks() -> None:
     warm = snap(ttft=0.8, itl=0.04, rps=6.0)  # within SLO, but 6 / 1.8 -> 4 replicas needed
-    d = run(AutoscaleState(desired_replicas=2), warm, [T0, T0 + 60])[-1]
+    d = decide(AutoscaleState(desired_replicas=2), warm, CFG, CAP, T0)
     assert d.desired_replicas == 4
 
 
@@ -116,9 +133,11 @@ def test_breach_at_a_load_the_planner_called_fine_lowers_the_capacity_estimate()
     calm = snap(ttft=0.2, itl=0.02, rps=4.5)
     ds = run(d.state, calm, [T0 + 60 + k * 30 for k in range(1, 30)])
     assert min(x.desired_replicas for x in ds) == 4
-    # until 4 replicas are seen serving more than 1.5 req/s each within SLO
+    # until 4 replicas are seen serving more than 1.5 req/s each within SLO (a change just made,
+    # so the cooldown keeps the count at 4 while it watches)
     busier = snap(ttft=0.5, itl=0.04, rps=7.2)  # 1.8 per replica within SLO
-    d = decide(ds[-1].state, busier, CFG, CAP, T0 + 2000)
+    d = decide(replace(ds[-1].state, last_change_at=T0 + 1990), busier, CFG, CAP, T0 + 2000)
+    assert d.desired_replicas == 4
     assert d.state.learned_rps_per_replica == pytest.approx(1.8)
     busiest = snap(ttft=0.9, itl=0.045, rps=8.4)  # 2.1 per replica, above the planner's 2.0: estimate dropped
     d = decide(d.state, busiest, CFG, CAP, T0 + 2030)
@@ -150,7 +169,8 @@ def test_scale_down_only_after_the_longer_down_window() -> None:
 
 def test_scale_down_steps_by_max_step_down_and_not_below_load() -> None:
     calm = snap(ttft=0.2, itl=0.02, rps=4.0)  # needs 3
-    cfg = AutoscaleConfig(min_replicas=1, max_replicas=10, ttft_target_s=1.0, itl_target_s=0.05, max_step_down=5, cooldown_s=0)
+    cfg = AutoscaleConfig(min_replicas=1, max_replicas=10, ttft_target_s=1.0, itl_target_s=0.05, max_step_down=5, cooldown_s=0,
+                          initial_burst_rise=0.0)
     ds = run(AutoscaleState(desired_replicas=8), calm, [T0 + k * 30 for k in range(40)], cfg=cfg)
     changes = [d.desired_replicas for d in ds if d.changed]
     assert changes == [3]
@@ -177,7 +197,7 @@ def test_cooldown_between_changes() -> None:
 
 def test_max_replicas_limits_and_says_so() -> None:
     hot = snap(ttft=3.0, rps=30.0)
-    d = run(AutoscaleState(desired_replicas=9), hot, [T0, T0 + 60])[-1]
+    d = decide(AutoscaleState(desired_replicas=9), hot, CFG, CAP, T0)
     assert d.desired_replicas == 10
     lim = {c.type: c for c in d.conditions}[P.COND_SCALING_LIMITED]
     assert lim.status == "True" and lim.reason == P.REASON_MAX_REPLICAS and "10" in lim.message
@@ -228,7 +248,7 @@ def test_capacity_limited_holds_at_what_fits_with_numbers() -> None:
     hot = snap(ttft=3.0, rps=14.0)  # needs 8
     cap = ReplicaCapacity.with_domains({"rack-a": 3, "rack-b": 8}, requests_per_s_at_slo=2.0, gpus_per_replica=4,
                                        additional_replicas_that_fit=2)
-    d = run(AutoscaleState(desired_replicas=4), hot, [T0, T0 + 60], cap=cap)[-1]
+    d = decide(AutoscaleState(desired_replicas=4), hot, CFG, cap, T0)
     assert d.desired_replicas == 6 and d.wanted_replicas == 8
     lim = {c.type: c for c in d.conditions}[P.COND_SCALING_LIMITED]
     assert lim.status == "True" and lim.reason == P.REASON_INSUFFICIENT_CAPACITY
@@ -306,7 +326,9 @@ def test_state_roundtrips_through_json() -> None:
 
 
 @pytest.mark.parametrize("blob", [None, {}, {"desired_replicas": "3"}, {"desired_replicas": -1},
-                                  {"desired_replicas": 2, "above_since": "yesterday"}, [1, 2]])
+                                  {"desired_replicas": 2, "above_since": "yesterday"}, [1, 2],
+                                  {"desired_replicas": 2, "demand_samples": [[T0, "many"]]},
+                                  {"desired_replicas": 2, "burst_rise": float("nan")}])
 def test_malformed_state_falls_back(blob) -> None:
     assert AutoscaleState.from_dict(blob, default_replicas=5) == AutoscaleState(desired_replicas=5)
 
@@ -322,6 +344,76 @@ def test_config_from_slo_and_validation() -> None:
         AutoscaleConfig(ttft_target_s=1.0, down_threshold=1.2)
 
 
+# --- burst headroom ---------------------------------------------------------
+# CFG sizes to 90 % of 2.0 req/s (1.8 per replica) with no initial burst prior.
+
+
+def test_a_rise_within_the_horizon_is_remembered_and_sized_for() -> None:
+    steady = snap(ttft=0.3, itl=0.02, rps=3.6)  # 2 replicas' worth
+    ds = run(AutoscaleState(desired_replicas=2), steady, [T0 + k * 30 for k in range(20)])
+    assert ds[-1].load_replicas == 2 and ds[-1].state.burst_rise == 0
+    # +50 % within the 300 s horizon: the burst itself is sized with a second +50 % on top
+    burst = decide(ds[-1].state, snap(ttft=0.3, itl=0.02, rps=5.4), CFG, CAP, T0 + 600)
+    assert burst.state.burst_rise == pytest.approx(0.5)
+    assert burst.load_replicas == math.ceil(5.4 * 1.5 / 1.8)
+    # an hour later at the old load, the fleet still carries a +50 % rise: 3 replicas, not 2
+    later = decide(replace(burst.state, desired_replicas=3), steady, CFG, CAP, T0 + 4200)
+    assert later.load_replicas == math.ceil(3.6 * 1.5 / 1.8 - 1e-9) == 3
+    assert later.reason == P.WITHIN_SLO
+
+
+def test_a_rise_is_remembered_for_the_memory_then_forgotten() -> None:
+    steady = snap(ttft=0.3, itl=0.02, rps=3.6)
+    seen = AutoscaleState(desired_replicas=3, burst_rise=0.5, burst_period_since=T0, watching_since=T0)
+    half_day = decide(seen, steady, CFG, CAP, T0 + 13 * 3600)       # into the next half-memory: kept
+    assert half_day.state.burst_rise_previous == 0.5 and half_day.load_replicas == 3
+    day = decide(half_day.state, steady, CFG, CAP, T0 + 26 * 3600)  # both halves newer than the rise: gone
+    assert day.state.burst_rise_previous == 0 and day.load_replicas == 2
+
+
+def test_rises_are_not_measured_while_requests_queue() -> None:
+    steady = snap(ttft=0.3, itl=0.02, rps=3.6)
+    ds = run(AutoscaleState(desired_replicas=2), steady, [T0 + k * 30 for k in range(10)])
+    # saturated: completions flat, 120 queued (demand 3.6 + 120 / 60); the queue is sized for, not learned
+    queued = decide(ds[-1].state, snap(ttft=3.0, itl=0.02, rps=3.6, queue=120), CFG, CAP, T0 + 300)
+    assert queued.state.burst_rise == 0 and queued.load_replicas == math.ceil(5.6 / 1.8)
+    assert queued.state.demand_samples == ds[-1].state.demand_samples
+
+
+def test_a_rise_from_near_idle_counts_against_one_replica() -> None:
+    idle = snap(ttft=0.2, itl=0.02, rps=0.2)
+    ds = run(AutoscaleState(desired_replicas=1), idle, [T0, T0 + 60])
+    d = decide(ds[-1].state, snap(ttft=0.2, itl=0.02, rps=1.1), CFG, CAP, T0 + 120)
+    assert d.state.burst_rise == pytest.approx((1.1 - 0.2) / 2.0)   # not 1.1 / 0.2 - 1 = 450 %
+
+
+def test_an_unwatched_deployment_assumes_the_initial_rise_which_fades() -> None:
+    cfg = AutoscaleConfig(min_replicas=1, max_replicas=10, ttft_target_s=1.0)  # defaults: +150 %, halving in 4 h
+    load = snap(ttft=0.3, rps=3.0)                                             # sized at 0.8 x 2.0 = 1.6
+    fresh = decide(AutoscaleState(desired_replicas=2), load, cfg, CAP, T0)
+    assert fresh.load_replicas == math.ceil(3.0 * (1 + cfg.initial_burst_rise) / 1.6)
+    assert fresh.state.watching_since == T0
+    watched = AutoscaleState(desired_replicas=2, watching_since=T0 - cfg.initial_burst_half_life_s)
+    assert decide(watched, load, cfg, CAP, T0).load_replicas == math.ceil(3.0 * 1.75 / 1.6)
+    long_watched = AutoscaleState(desired_replicas=2, watching_since=T0 - 24 * 3600)
+    assert decide(long_watched, load, cfg, CAP, T0).load_replicas == math.ceil(3.0 / 1.6)
+    # but a rise it has seen stays, however long it watched
+    seen = replace(long_watched, burst_rise=0.5, burst_period_since=T0 - 3600)
+    assert decide(seen, load, cfg, CAP, T0).load_replicas == math.ceil(3.0 * 1.5 / 1.6)
+
+
+def test_the_scale_down_margin_is_a_dead_band() -> None:
+    times = [T0 + k * 30 for k in range(30)]
+    # 3.3 req/s: 2 replicas would do (1.83), but not with 10 % to spare (2.02): stays at 3
+    ds = run(AutoscaleState(desired_replicas=3), snap(ttft=0.3, itl=0.02, rps=3.3), times)
+    assert {d.desired_replicas for d in ds} == {3} and ds[-1].reason == P.WITHIN_SLO
+    # 3.2 req/s: 1.96 with the margin: down to 2 after the down window
+    ds = run(AutoscaleState(desired_replicas=3), snap(ttft=0.3, itl=0.02, rps=3.2), times)
+    assert [d.desired_replicas for d in ds if d.changed] == [2]
+    # and at 2, 3.3 req/s (with its +3 % rise from 3.2: 1.89) is no reason to add one back
+    assert decide(ds[-1].state, snap(ttft=0.3, itl=0.02, rps=3.3), CFG, CAP, times[-1] + 30).desired_replicas == 2
+
+
 # --- properties ---------------------------------------------------------------
 
 cfgs = st.builds(
@@ -332,6 +424,7 @@ cfgs = st.builds(
     itl_target_s=st.just(0.05),
     max_step_up=st.integers(1, 6),
     max_step_down=st.integers(1, 3),
+    initial_burst_rise=st.sampled_from([0.0, 1.5]),
 )
 caps = st.builds(
     ReplicaCapacity,
@@ -409,29 +502,36 @@ def test_no_oscillation_under_constant_load(rps: float, start: int, planner_erro
         state = d.state
         history.append(d.desired_replicas)
     changes = [b - a for a, b in zip(history, history[1:]) if b != a]
-    # the direction of change flips at most once (e.g. an optimistic planner: down, then up once)...
-    flips = sum(1 for x, y in zip(changes, changes[1:]) if (x > 0) != (y > 0))
-    assert flips <= 1, history
-    # ...and the last hour is flat
-    assert len(set(history[-120:])) == 1, history
+    if cfg.initial_burst_rise == 0:
+        # the direction of change flips at most once (e.g. an optimistic planner: down, then up once)...
+        flips = sum(1 for x, y in zip(changes, changes[1:]) if (x > 0) != (y > 0))
+        assert flips <= 1, history
+        # ...and the last hour is flat
+        assert len(set(history[-120:])) == 1, history
+    else:
+        # The burst prior fades (halving every 4 h) while the load shows no rise, so the count may
+        # keep stepping down; but after the first hour it never goes up again (no cycles).
+        late = history[120:]
+        assert late == sorted(late, reverse=True), history
 
 
 def test_ttft_breach_right_after_a_scale_down_is_learned_and_forgotten_slowly() -> None:
-    # 3 replicas, 3.3 req/s: the planner (2.0 req/s at SLO, sized 1.8) says 2 are enough
-    calm = snap(ttft=0.3, itl=0.02, rps=3.3)
+    # 3 replicas, 3.0 req/s: the planner (2.0 req/s at SLO, sized 1.8) says 2 are enough (3.0 x 1.1 / 1.8
+    # with the scale-down margin)
+    calm = snap(ttft=0.3, itl=0.02, rps=3.0)
     ds = run(AutoscaleState(desired_replicas=3), calm, [T0 + k * 30 for k in range(11)])
     assert ds[-1].desired_replicas == 2 and ds[-1].state.last_down_at == T0 + 300
     # ...but at 2 replicas TTFT breaks: the scale-down caused it
-    hot = snap(ttft=1.4, itl=0.02, rps=3.3)
+    hot = snap(ttft=1.4, itl=0.02, rps=3.0)
     d = run(ds[-1].state, hot, [T0 + 450, T0 + 480, T0 + 510])[-1]
     assert d.desired_replicas == 3
-    assert d.state.learned_rps_per_replica == pytest.approx(1.65) and d.state.learned_from_ttft
-    # at 3 replicas the same load now needs 3 (1.65 x 0.9 per replica): no second bounce
+    assert d.state.learned_rps_per_replica == pytest.approx(1.5) and d.state.learned_from_ttft
+    # at 3 replicas the same load now needs 3 (1.5 x 0.9 per replica): no second bounce
     d2 = decide(d.state, calm, CFG, CAP, T0 + 900)
     assert d2.load_replicas == 3
     # the gap to the planner's 2.0 halves every 2 h (learned at T0+510)
     d3 = decide(d2.state, calm, CFG, CAP, T0 + 510 + 7200)
-    assert d3.state.learned_rps_per_replica == pytest.approx(2.0 - 0.35 / 2, rel=1e-6)
+    assert d3.state.learned_rps_per_replica == pytest.approx(2.0 - 0.5 / 2, rel=1e-6)
 
 
 def test_ttft_breach_without_a_recent_scale_down_is_not_learned() -> None:

@@ -30,6 +30,21 @@ Signals
   misread as capacity costs hours, not the rest of the day, while a truly
   optimistic TTFT prediction is re-learned after one breach an hour or so
   later. ITL-learned estimates do not drift (ITL is not fooled by bursts).
+- Burst headroom, learned. A new replica serves only minutes after it is
+  asked for, so the replicas ready when a burst starts must carry it alone
+  until then. The policy measures how fast this deployment's load rises:
+  rise now = (demand - the lowest demand of the last `burst_horizon_s`) /
+  that lowest demand (at least one replica's requests/s at SLO, so a rise
+  from near idle is not read as +1000 %), and remembers the largest rise of
+  the last `burst_memory_s` (a day: traffic is diurnal) as two half-day
+  maxima. Demand is then sized x (1 + remembered rise): the fleet carries
+  the largest rise seen while new replicas start, and in a burst it sizes
+  for a second one on top (bursts overlap). Rises are measured only while
+  nothing is queued (a saturated fleet completes what it can, not what is
+  offered, and a draining backlog would read as a burst). Before the
+  deployment has shown its traffic, `initial_burst_rise` stands in, halving
+  every `initial_burst_half_life_s`: an unwatched deployment is assumed
+  bursty, a watched one is sized for what it showed.
 
 Rules, in order
 1. Replica bounds first: a count outside [min, max] (the spec changed) is
@@ -41,12 +56,18 @@ Rules, in order
 3. Scale up when any SLO ratio is above `up_threshold`, or the load needs more
    replicas than there are, continuously for `up_window_s`. Jump straight to
    max(current + 1, replicas the load needs), at most `max_step_up` at once.
+   When the request rate (plus queue) alone needs more replicas, do not wait
+   for the window: the rate is already a window's average, and waiting
+   another window only adds lag while a burst runs on the ready replicas.
+   Latency and in-flight counts (noisier, instantaneous) still wait it.
    While an earlier scale-up is still starting (ready < desired), only the
    load may ask for more: the latency it sees predates the new replicas.
 4. Scale down when every SLO ratio is below `down_threshold` and the load
-   needs fewer replicas, continuously for the longer `down_window_s`; go to
-   what the load needs, at most `max_step_down` at once, never below min,
-   and to zero only when min is 0 and there is no traffic at all.
+   needs fewer replicas even with `load_down_margin` to spare, continuously
+   for the longer `down_window_s`; go to that count, at most `max_step_down`
+   at once, never below min, and to zero only when min is 0 and there is no
+   traffic at all. The margin is a dead band: without it, rate noise at the
+   edge of a count adds a replica (at once, rule 3) and removes it again.
 5. At most one change per `cooldown_s`.
 6. Only whole replica groups that fit free NVLink domains count
    (`ReplicaCapacity.additional_replicas_that_fit`): if the wanted count does
@@ -65,10 +86,17 @@ Defaults (production values; all overridable)
   an interactive ITL target), so a lower threshold such as 0.6 can forbid any
   scale-down; the capacity check (load must need fewer replicas) is the main
   guard, the latency threshold the second.
-- target_load_fraction 0.8: size to 80 % of the capacity at SLO. A replica
-  takes minutes to start, and latency near the knee is steep (queueing); 20 %
-  headroom absorbs a +25 % step in load while new replicas start. In the
-  simulator 0.9 missed the 95 % attainment target on a bursty day.
+- target_load_fraction 0.8: size to 80 % of the capacity at SLO (on top of
+  the burst headroom): latency near the knee is steep (queueing) and arrivals
+  are noisy over seconds.
+- burst_horizon_s 300: a replica's start (weights, CUDA graphs: minutes) plus
+  an evaluation or two; burst_memory_s 86400 (a day).
+- initial_burst_rise 1.5, halving every 4 h (initial_burst_half_life_s): until
+  it has watched the load, assume it can reach 2.5x within a replica start.
+  In the simulator (benchmarks/autoscale_sim.py) 1.0 missed by one 10 s step:
+  two bursts stacked (x2.75 in four minutes) 34 minutes into the day.
+- load_down_margin 0.1: about two standard deviations of a 2 m request rate
+  at a few requests/s.
 - queue_drain_s 60; metrics older than 90 s are stale.
 """
 
@@ -130,6 +158,11 @@ class AutoscaleConfig:
     target_load_fraction: float = 0.8
     queue_drain_s: float = 60.0
     capacity_half_life_s: float = 7200.0
+    burst_horizon_s: float = 300.0
+    burst_memory_s: float = 86400.0
+    initial_burst_rise: float = 1.5
+    initial_burst_half_life_s: float = 14400.0
+    load_down_margin: float = 0.1
     percentile: float = 99.0  # of the latency targets (for messages; the queries carry it)
 
     def __post_init__(self) -> None:
@@ -175,6 +208,12 @@ class AutoscaleConfig:
         )
         need(_is_num(self.queue_drain_s) and self.queue_drain_s > 0, "queue_drain_s", "must be > 0")
         need(_is_num(self.capacity_half_life_s) and self.capacity_half_life_s > 0, "capacity_half_life_s", "must be > 0")
+        need(_is_num(self.burst_horizon_s) and self.burst_horizon_s > 0, "burst_horizon_s", "must be > 0")
+        need(_is_num(self.burst_memory_s) and self.burst_memory_s > 0, "burst_memory_s", "must be > 0")
+        need(_is_num(self.initial_burst_rise) and self.initial_burst_rise >= 0, "initial_burst_rise", "must be >= 0")
+        need(_is_num(self.load_down_margin) and self.load_down_margin >= 0, "load_down_margin", "must be >= 0")
+        need(_is_num(self.initial_burst_half_life_s) and self.initial_burst_half_life_s > 0,
+             "initial_burst_half_life_s", "must be > 0")
 
     @classmethod
     def from_slo(cls, slo: SLO, *, min_replicas: int, max_replicas: int, **overrides: Any) -> AutoscaleConfig:
@@ -225,6 +264,11 @@ class AutoscaleState:
     breach_peak_rps_per_replica: float | None = None  # highest load per replica during the current breach
     last_down_at: float | None = None
     learned_from_ttft: bool = False               # a TTFT-bounce estimate, which is forgotten slowly
+    burst_rise: float | None = None               # largest rise of demand within the burst horizon, this half-memory
+    burst_rise_previous: float | None = None      # ... and in the half-memory before
+    burst_period_since: float | None = None       # when this half-memory began
+    watching_since: float | None = None           # first evaluation with trusted metrics (the prior decays from then)
+    demand_samples: tuple[tuple[float, float], ...] = ()  # (time, demand) over the last burst horizon
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -240,12 +284,20 @@ class AutoscaleState:
                 raise ValueError
             kw: dict[str, Any] = {"desired_replicas": replicas}
             for name in ("above_since", "below_since", "last_change_at", "learned_rps_per_replica", "learned_at",
-                         "breach_peak_rps_per_replica", "last_down_at"):
+                         "breach_peak_rps_per_replica", "last_down_at", "burst_rise", "burst_rise_previous",
+                         "burst_period_since", "watching_since"):
                 v = data.get(name)
                 if v is not None and not (_is_num(v) and math.isfinite(v)):
                     raise ValueError
                 kw[name] = None if v is None else float(v)
             kw["learned_from_ttft"] = data.get("learned_from_ttft") is True
+            samples = []
+            for pair in data.get("demand_samples") or ():
+                t, d = pair
+                if not (_is_num(t) and _is_num(d) and d >= 0):
+                    raise ValueError
+                samples.append((float(t), float(d)))
+            kw["demand_samples"] = tuple(samples)
             return cls(**kw)
         except (KeyError, ValueError, TypeError):
             return cls(desired_replicas=default_replicas)
@@ -343,7 +395,10 @@ def decide(
         learned, learned_at = planner_rps - gap, now
     ready = capacity.ready_replicas
     settled = ready is None or ready >= current
-    load_replicas = _replicas_for_load(demand, queue + running, capacity, learned, config, no_traffic)
+    rise, burst_memory = _burst_rise(state, demand, queue, now, config, capacity, learned)
+    headroom = 1.0 + rise
+    load_replicas = _replicas_for_load(demand * headroom, (queue + running) * headroom, capacity, learned, config,
+                                       no_traffic)
     # Evidence the other way: all replicas serve more per replica within SLO than learned.
     if learned is not None and settled and current > 0 and worst <= config.up_threshold and demand / current > learned:
         learned, learned_at = demand / current, now
@@ -351,10 +406,20 @@ def decide(
             learned, learned_at, from_ttft = None, None, False
 
     up = worst > config.up_threshold or (load_replicas is not None and load_replicas > current)
+    # The request rate is already a window's average (and the queue term is what piles up):
+    # when it alone needs more replicas, waiting another up window only adds lag.
+    rate_replicas = _replicas_for_load(demand * headroom, 0.0, replace(capacity, concurrency_at_slo=None), learned,
+                                       config, no_traffic)
+    urgent = rate_replicas is not None and rate_replicas > current
+    # Scale down only to a count the load fits with `load_down_margin` to spare: a dead band, so
+    # noise in the rate at the edge of a count does not add a replica and take it away again.
+    down_headroom = headroom * (1.0 + config.load_down_margin)
+    down_replicas = _replicas_for_load(demand * down_headroom, (queue + running) * down_headroom, capacity, learned,
+                                       config, no_traffic)
     down = (
         current > config.min_replicas
         and all(r < config.down_threshold for _, r in ratios)
-        and (load_replicas is None or load_replicas < current)
+        and (down_replicas is None or down_replicas < current)
         and not (current == 1 and not no_traffic)
     )
     # The load that caused a latency breach: the peak per-replica load while it lasts
@@ -365,15 +430,16 @@ def decide(
     above_since = (state.above_since if state.above_since is not None else now) if up else None
     below_since = (state.below_since if state.below_since is not None else now) if down else None
     base = replace(state, above_since=above_since, below_since=below_since, learned_rps_per_replica=learned,
-                   learned_at=learned_at, breach_peak_rps_per_replica=breach_peak, learned_from_ttft=from_ttft)
+                   learned_at=learned_at, breach_peak_rps_per_replica=breach_peak, learned_from_ttft=from_ttft,
+                   **burst_memory)
     active = Condition(COND_SCALING_ACTIVE, "True", REASON_VALID_METRICS, "metrics are fresh and valid")
-    signal = _describe(ratios, config, demand, queue, load_replicas, capacity, learned)
+    signal = _describe(ratios, config, demand, queue, load_replicas, capacity, learned, rise)
     extra = dict(load_replicas=load_replicas, slo_ratios=ratios, demand_rps=demand, inputs=inputs)
     in_cooldown = state.last_change_at is not None and now - state.last_change_at < config.cooldown_s
 
     if up:
         held_s = now - above_since
-        if held_s < config.up_window_s:
+        if held_s < config.up_window_s and not urgent:
             msg = f"{signal}; above threshold for {held_s:.0f}s of {config.up_window_s:.0f}s"
             return Decision(current, current, SCALE_UP_PENDING, msg, (active,), base, current, **extra)
         if in_cooldown:
@@ -388,9 +454,10 @@ def decide(
                 learned, learned_at = breach_peak, now
                 base = replace(base, learned_rps_per_replica=learned, learned_at=learned_at,
                                learned_from_ttft=not itl_breach)
-                load_replicas = _replicas_for_load(demand, queue + running, capacity, learned, config, no_traffic)
+                load_replicas = _replicas_for_load(demand * headroom, (queue + running) * headroom, capacity, learned,
+                                                   config, no_traffic)
                 extra["load_replicas"] = load_replicas
-                signal = _describe(ratios, config, demand, queue, load_replicas, capacity, learned)
+                signal = _describe(ratios, config, demand, queue, load_replicas, capacity, learned, rise)
             wanted = max(current + 1, load_replicas or 0)
         else:
             wanted = max(current, load_replicas or 0)
@@ -417,7 +484,7 @@ def decide(
         if in_cooldown:
             msg = f"{signal}; cooldown until {state.last_change_at + config.cooldown_s - now:.0f}s from now"
             return Decision(current, current, COOLDOWN, msg, (active, not_limited), base, current, **extra)
-        floor = load_replicas if load_replicas is not None else current - 1
+        floor = down_replicas if down_replicas is not None else current - 1
         wanted = max(floor, config.min_replicas)
         target = max(wanted, current - config.max_step_down)
         msg = f"{signal}; scaling {current} -> {target}"
@@ -439,6 +506,54 @@ def _slo_ratios(s: MetricsSnapshot, c: AutoscaleConfig) -> tuple[tuple[str, floa
     return tuple(out)
 
 
+def _burst_rise(
+    state: AutoscaleState,
+    demand_rps: float,
+    queue: float,
+    now: float,
+    c: AutoscaleConfig,
+    cap: ReplicaCapacity,
+    learned_rps: float | None,
+) -> tuple[float, dict[str, Any]]:
+    """The relative rise of demand to size for, and the burst memory to keep (AutoscaleState fields).
+
+    See "Burst headroom" in the module docstring. The largest rise of the last `burst_memory_s`
+    is kept as two maxima, of this half-memory and of the one before (a sliding maximum that
+    forgets a rise between half and all of `burst_memory_s` after it was seen).
+    """
+    samples = tuple((t, d) for t, d in state.demand_samples if now - c.burst_horizon_s <= t < now)
+    # Only while nothing is queued: a saturated fleet completes what it can, not what is offered,
+    # and the backlog draining after a scale-up would read as a burst.
+    clean = queue < 1
+    rise_now = 0.0
+    if samples and clean:
+        low = min(d for _, d in samples)
+        denom = max(low, _per_replica_rps(cap, learned_rps) or 0.0)
+        if denom > 0:
+            rise_now = max(0.0, (demand_rps - low) / denom)
+    if clean and (not samples or now - samples[-1][0] >= c.burst_horizon_s / 8):
+        samples = samples + ((now, demand_rps),)
+    current, previous, period_since = state.burst_rise or 0.0, state.burst_rise_previous, state.burst_period_since
+    if period_since is None or now < period_since or now - period_since >= c.burst_memory_s:
+        # nothing remembered yet, a clock that went back, or no evaluation for half a memory
+        current, previous, period_since = 0.0, None, now
+    elif now - period_since >= c.burst_memory_s / 2:
+        current, previous, period_since = 0.0, current, now
+    current = max(current, rise_now)
+    since = now if state.watching_since is None else state.watching_since
+    prior = c.initial_burst_rise * 0.5 ** (max(0.0, now - since) / c.initial_burst_half_life_s)
+    memory = {"burst_rise": current, "burst_rise_previous": previous, "burst_period_since": period_since,
+              "watching_since": since, "demand_samples": samples}
+    return max(current, previous or 0.0, prior), memory
+
+
+def _per_replica_rps(cap: ReplicaCapacity, learned_rps: float | None) -> float | None:
+    rps = cap.requests_per_s_at_slo
+    if learned_rps is not None:
+        rps = learned_rps if rps is None else min(rps, learned_rps)
+    return rps
+
+
 def _replicas_for_load(
     demand_rps: float,
     in_flight: float,
@@ -448,9 +563,7 @@ def _replicas_for_load(
     no_traffic: bool,
 ) -> int | None:
     needs = []
-    rps = cap.requests_per_s_at_slo
-    if learned_rps is not None:
-        rps = learned_rps if rps is None else min(rps, learned_rps)
+    rps = _per_replica_rps(cap, learned_rps)
     if rps is not None and rps > 0:
         needs.append(demand_rps / (rps * c.target_load_fraction))
     if cap.concurrency_at_slo is not None and cap.concurrency_at_slo > 0:
@@ -513,17 +626,17 @@ def _describe(
     load_replicas: int | None,
     cap: ReplicaCapacity,
     learned: float | None,
+    rise: float,
 ) -> str:
     targets = {"ttft": c.ttft_target_s, "itl": c.itl_target_s}
     p = f"p{c.percentile:g}"
     parts = [f"{p} {n.upper()} {r * targets[n]:.3g}s is {r:.2f}x its {targets[n]:.3g}s target" for n, r in ratios]
     load = f"demand {demand:.3g} req/s ({queue:.0f} queued)"
     if load_replicas is not None:
-        per = cap.requests_per_s_at_slo
-        if learned is not None:
-            per = learned if per is None else min(per, learned)
+        per = _per_replica_rps(cap, learned)
         per_txt = f"{per:.3g} req/s per replica at SLO" if per is not None else f"{cap.concurrency_at_slo:.3g} in flight per replica"
-        load += f" needs {load_replicas} replicas ({per_txt}, sized to {c.target_load_fraction:.0%})"
+        load += (f" needs {load_replicas} replicas ({per_txt}, sized to {c.target_load_fraction:.0%}"
+                 f" with {rise:+.0%} burst headroom)")
     return "; ".join(parts + [load])
 
 
