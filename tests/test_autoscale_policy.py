@@ -394,7 +394,7 @@ def test_an_unwatched_deployment_assumes_the_initial_rise_which_fades() -> None:
     assert fresh.load_replicas == math.ceil(3.0 * (1 + cfg.initial_burst_rise) / 1.6)
     assert fresh.state.watching_since == T0
     watched = AutoscaleState(desired_replicas=2, watching_since=T0 - cfg.initial_burst_half_life_s)
-    assert decide(watched, load, cfg, CAP, T0).load_replicas == math.ceil(3.0 * 1.75 / 1.6)
+    assert decide(watched, load, cfg, CAP, T0).load_replicas == math.ceil(3.0 * (1 + cfg.initial_burst_rise / 2) / 1.6)
     long_watched = AutoscaleState(desired_replicas=2, watching_since=T0 - 24 * 3600)
     assert decide(long_watched, load, cfg, CAP, T0).load_replicas == math.ceil(3.0 / 1.6)
     # but a rise it has seen stays, however long it watched
@@ -424,7 +424,7 @@ cfgs = st.builds(
     itl_target_s=st.just(0.05),
     max_step_up=st.integers(1, 6),
     max_step_down=st.integers(1, 3),
-    initial_burst_rise=st.sampled_from([0.0, 1.5]),
+    initial_burst_rise=st.sampled_from([0.0, 1.0, 2.0]),
 )
 caps = st.builds(
     ReplicaCapacity,

@@ -93,8 +93,9 @@ Defaults (production values; all overridable)
   an evaluation or two; burst_memory_s 86400 (a day).
 - initial_burst_rise 1.5, halving every 4 h (initial_burst_half_life_s): until
   it has watched the load, assume it can reach 2.5x within a replica start.
-  In the simulator (benchmarks/autoscale_sim.py) 1.0 missed by one 10 s step:
-  two bursts stacked (x2.75 in four minutes) 34 minutes into the day.
+  This one is fitted to the simulator (benchmarks/autoscale_sim.py): with 1.0
+  it missed one 10 s step (99.997 %), where two bursts stacked (x2.75 in four
+  minutes) 34 minutes into a day, before any rise had been seen.
 - load_down_margin 0.1: about two standard deviations of a 2 m request rate
   at a few requests/s.
 - queue_drain_s 60; metrics older than 90 s are stale.
