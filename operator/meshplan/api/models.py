@@ -1095,6 +1095,10 @@ class AutoscalingStatus(ApiModel):
     learned_capacity_rps: float | None = Field(default=None, ge=0, description="Requests/s per replica at which the SLO broke, learned from a breach; used instead of the planner's capacity when lower.")
     learned_capacity_time: datetime | None = Field(default=None, strict=False, description="When learnedCapacityRps was last set.")
     learned_from_ttft: bool | None = Field(default=None, description="True when learnedCapacityRps came from a TTFT breach; such an estimate drifts back to the planner's (half-life 2 h).")
+    learned_burst_rise: float | None = Field(default=None, ge=0, description="Largest relative rise of demand within 5 minutes seen since burstMemorySince (0.5 = +50 %); replicas are sized for demand x (1 + the largest remembered rise).")
+    learned_burst_rise_previous: float | None = Field(default=None, ge=0, description="The same for the half-day before burstMemorySince (a rise is remembered for half a day to a day).")
+    burst_memory_since: datetime | None = Field(default=None, strict=False, description="When the current half-day of burst memory began.")
+    watching_since: datetime | None = Field(default=None, strict=False, description="When the autoscaler first had valid metrics for this deployment; its initial burst assumption (+150 %) halves every 4 h from then.")
 
 
 class LLMDeploymentStatus(ApiModel):
