@@ -371,13 +371,17 @@ def test_a_rise_is_remembered_for_the_memory_then_forgotten() -> None:
     assert day.state.burst_rise_previous == 0 and day.load_replicas == 2
 
 
-def test_rises_are_not_measured_while_requests_queue() -> None:
+def test_rises_are_not_learned_while_requests_queue() -> None:
     steady = snap(ttft=0.3, itl=0.02, rps=3.6)
     ds = run(AutoscaleState(desired_replicas=2), steady, [T0 + k * 30 for k in range(10)])
-    # saturated: completions flat, 120 queued (demand 3.6 + 120 / 60); the queue is sized for, not learned
+    # saturated: completions flat, 120 queued (demand 3.6 + 120 / 60): sized for now (more load never
+    # asks for fewer replicas), but neither remembered nor kept as a sample
     queued = decide(ds[-1].state, snap(ttft=3.0, itl=0.02, rps=3.6, queue=120), CFG, CAP, T0 + 300)
-    assert queued.state.burst_rise == 0 and queued.load_replicas == math.ceil(5.6 / 1.8)
+    assert queued.load_replicas == math.ceil(5.6 * (1 + 2.0 / 3.6) / 1.8)
+    assert queued.state.burst_rise == 0
     assert queued.state.demand_samples == ds[-1].state.demand_samples
+    drained = decide(queued.state, steady, CFG, CAP, T0 + 330)
+    assert drained.load_replicas == 2
 
 
 def test_a_rise_from_near_idle_counts_against_one_replica() -> None:
@@ -385,6 +389,14 @@ def test_a_rise_from_near_idle_counts_against_one_replica() -> None:
     ds = run(AutoscaleState(desired_replicas=1), idle, [T0, T0 + 60])
     d = decide(ds[-1].state, snap(ttft=0.2, itl=0.02, rps=1.1), CFG, CAP, T0 + 120)
     assert d.state.burst_rise == pytest.approx((1.1 - 0.2) / 2.0)   # not 1.1 / 0.2 - 1 = 450 %
+
+
+def test_a_rise_without_a_per_replica_rate_to_measure_it_against_is_capped() -> None:
+    cap = ReplicaCapacity(concurrency_at_slo=40)  # no requests/s at SLO: the rise is relative to the low alone
+    ds = run(AutoscaleState(desired_replicas=1), snap(ttft=0.2, itl=0.02, rps=0.01, running=1), [T0, T0 + 60], cap=cap)
+    d = decide(ds[-1].state, snap(ttft=0.2, itl=0.02, rps=5.0, running=60), CFG, cap, T0 + 120)
+    assert d.state.burst_rise == P.MAX_BURST_RISE                # not +49,900 %
+    assert d.load_replicas == math.ceil(60 * (1 + P.MAX_BURST_RISE) / (40 * 0.9))
 
 
 def test_an_unwatched_deployment_assumes_the_initial_rise_which_fades() -> None:
@@ -441,6 +453,11 @@ states = st.builds(
     last_change_at=st.one_of(st.none(), st.floats(T0 - 1000, T0)),
     learned_rps_per_replica=st.one_of(st.none(), st.floats(0.2, 20)),
     learned_at=st.just(T0 - 10),
+    burst_rise=st.one_of(st.none(), st.floats(0, 3)),
+    burst_period_since=st.one_of(st.none(), st.floats(T0 - 80000, T0)),
+    watching_since=st.one_of(st.none(), st.floats(T0 - 80000, T0)),
+    demand_samples=st.lists(st.tuples(st.floats(T0 - 400, T0 - 1), st.floats(0, 30)), max_size=8).map(
+        lambda xs: tuple(sorted(xs))),
 )
 
 

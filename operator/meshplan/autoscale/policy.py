@@ -37,11 +37,12 @@ Signals
   that lowest demand (at least one replica's requests/s at SLO, so a rise
   from near idle is not read as +1000 %), and remembers the largest rise of
   the last `burst_memory_s` (a day: traffic is diurnal) as two half-day
-  maxima. Demand is then sized x (1 + remembered rise): the fleet carries
-  the largest rise seen while new replicas start, and in a burst it sizes
-  for a second one on top (bursts overlap). Rises are measured only while
-  nothing is queued (a saturated fleet completes what it can, not what is
-  offered, and a draining backlog would read as a burst). Before the
+  maxima. Demand is then sized x (1 + max(rise now, remembered rise)): the
+  fleet carries the largest rise seen while new replicas start, and in a
+  burst it sizes for a second one on top (bursts overlap). Rises are
+  remembered only while nothing is queued (a saturated fleet completes what
+  it can, not what is offered, and a draining backlog would read as a
+  burst), and count at most +400 % (MAX_BURST_RISE). Before the
   deployment has shown its traffic, `initial_burst_rise` stands in, halving
   every `initial_burst_half_life_s`: an unwatched deployment is assumed
   bursty, a watched one is sized for what it showed.
@@ -128,6 +129,11 @@ REASON_VALID_METRICS = "ValidMetrics"
 REASON_INSUFFICIENT_CAPACITY = "InsufficientCapacity"
 REASON_MAX_REPLICAS = "MaxReplicasReached"
 REASON_NOT_LIMITED = "NotLimited"
+
+
+# A rise measured above +400 % within the horizon is a start from near idle (with no per-replica
+# rate to measure it against), not a burst to keep a fleet for: sized as at most x5.
+MAX_BURST_RISE = 4.0
 
 
 class AutoscaleConfigError(ValueError):
@@ -523,15 +529,16 @@ def _burst_rise(
     forgets a rise between half and all of `burst_memory_s` after it was seen).
     """
     samples = tuple((t, d) for t, d in state.demand_samples if now - c.burst_horizon_s <= t < now)
-    # Only while nothing is queued: a saturated fleet completes what it can, not what is offered,
-    # and the backlog draining after a scale-up would read as a burst.
+    # Learned only while nothing is queued: a saturated fleet completes what it can, not what is
+    # offered, and the backlog draining after a scale-up would read as a burst. (Sized for now
+    # either way, so that more load never asks for fewer replicas.)
     clean = queue < 1
     rise_now = 0.0
-    if samples and clean:
+    if samples:
         low = min(d for _, d in samples)
         denom = max(low, _per_replica_rps(cap, learned_rps) or 0.0)
         if denom > 0:
-            rise_now = max(0.0, (demand_rps - low) / denom)
+            rise_now = min(MAX_BURST_RISE, max(0.0, (demand_rps - low) / denom))
     if clean and (not samples or now - samples[-1][0] >= c.burst_horizon_s / 8):
         samples = samples + ((now, demand_rps),)
     current, previous, period_since = state.burst_rise or 0.0, state.burst_rise_previous, state.burst_period_since
@@ -540,12 +547,13 @@ def _burst_rise(
         current, previous, period_since = 0.0, None, now
     elif now - period_since >= c.burst_memory_s / 2:
         current, previous, period_since = 0.0, current, now
-    current = max(current, rise_now)
+    if clean:
+        current = max(current, rise_now)
     since = now if state.watching_since is None else state.watching_since
     prior = c.initial_burst_rise * 0.5 ** (max(0.0, now - since) / c.initial_burst_half_life_s)
     memory = {"burst_rise": current, "burst_rise_previous": previous, "burst_period_since": period_since,
               "watching_since": since, "demand_samples": samples}
-    return max(current, previous or 0.0, prior), memory
+    return max(rise_now, current, previous or 0.0, prior), memory
 
 
 def _per_replica_rps(cap: ReplicaCapacity, learned_rps: float | None) -> float | None:
