@@ -12,9 +12,10 @@ Signals
 - Demand = completed requests/s + queued requests / `queue_drain_s`. Completed
   requests alone under-read demand when replicas are saturated (they complete
   at most what they can serve); the queue term is what is piling up.
-- Replicas the load needs = demand / (per-replica capacity at SLO x
-  `target_load_fraction`), from the planner's requests/s at SLO and/or its
-  concurrency at SLO (running + queued / concurrency), whichever needs more.
+- Replicas the load needs = demand x (1 + burst headroom, below) /
+  (per-replica capacity at SLO x `target_load_fraction`), from the planner's
+  requests/s at SLO and/or its concurrency at SLO (running + queued /
+  concurrency, with the same headroom), whichever needs more.
   Learning the real capacity: when the planner was optimistic, scaling down to
   what it says the load needs breaks the SLO again, and the fleet would
   oscillate. So a latency breach that lasts a whole up window with all
