@@ -86,3 +86,31 @@ def test_gap_reads_match_what_the_indexes_would_hold():
     usage = gpu_usage([pod("a", "hgx-h100-0", 8), pod("b", "hgx-h100-1", 0),
                        pod("c", "hgx-h100-1", 4, phase="Succeeded"), pod("d", "hgx-h100-1", 4, deployment="x")])
     assert sorted(usage) == [("new-ns", "llm", "hgx-h100-0", 8), ("new-ns", "x", "hgx-h100-1", 4)]
+
+
+def test_a_standby_skips_the_resync_list_only_where_it_knows_it_is_paused(monkeypatch):
+    import asyncio
+
+    from meshplan.controller import handlers
+
+    paused: set[str] = set()
+    asked: list[str] = []
+
+    async def may_act(namespace: str) -> bool:
+        asked.append(namespace)
+        return namespace not in paused
+
+    monkeypatch.setattr(handlers, "may_act", may_act)
+
+    def acts(**options) -> bool:
+        monkeypatch.setattr(handlers, "OPTIONS", handlers.Options(**options))
+        return asyncio.run(handlers._acts_anywhere())
+
+    assert acts() and asked == []                             # no peering: always acts, asks nothing
+    assert acts(peering="p")                                  # cluster-wide peering, not paused
+    paused.add("")
+    assert not acts(peering="p")                              # cluster-wide standby: no LIST
+    paused.update({"a", "b"})
+    assert not acts(peering="p", namespaces=("a", "b"))       # standby in every named namespace
+    assert acts(peering="p", namespaces=("a", "b", "c"))      # acts in one of them
+    assert acts(peering="p", namespaces=("a", "team-*"))      # globs: unknown before the LIST

@@ -58,6 +58,9 @@ def test_only_the_leader_acts_and_a_killed_leader_hands_over(cluster, rel_fleet,
         assert kit.reconciles(leader) >= 2
         standby_idle = kit.reconciles(standby)
         assert standby_idle == 0, f"the standby reconciled {standby_idle} times while the leader was alive"
+        # nor does it LIST every period and report what its (paused) watches did not see
+        standby_log = standby.log_path.read_text(errors="replace")
+        assert "not (yet) seen by the watches" not in standby_log, standby_log[-2000:]
         kit.kill9(leader)
         t0 = time.monotonic()
         m["spec"]["replicas"] = 2

@@ -275,6 +275,22 @@ async def fill_watch_gaps(kube: Kube, missed: set[tuple[str, str]], known: set[t
               len(STATE.gap_nodes), len(usage))
 
 
+async def _acts_anywhere() -> bool:
+    """False when this operator is a standby for everything it serves (kopf peering): cluster-wide
+    peering, or namespace-scoped peering over namespaces named without globs. With glob patterns
+    the namespaces are not known before the LIST, and each object is checked by `may_act`."""
+    if not OPTIONS.peering:
+        return True
+    if not OPTIONS.namespaces:
+        return await may_act("")
+    if any(indexes.is_glob(ns) for ns in OPTIONS.namespaces):
+        return True
+    for ns in OPTIONS.namespaces:
+        if await may_act(ns):
+            return True
+    return False
+
+
 async def _resync() -> None:
     """Every `resync_s`: queue each LLMDeployment not reconciled within the period (a safety net).
 
@@ -286,6 +302,8 @@ async def _resync() -> None:
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(OPTIONS.resync_s)
+        if not await _acts_anywhere():
+            continue     # a standby: no LIST, no "not seen by the watches" lines; nothing to act on
         known = {tuple(k) for k in indexes.values(STATE.llmds_index, indexes.ALL_KEY)}
         listed: set[tuple[str, str]] | None = None
         if STATE.reconciler is not None:
