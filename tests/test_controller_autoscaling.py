@@ -197,8 +197,9 @@ def test_no_plan_is_reported_not_guessed():
 # ----------------------------------------------------------------------------- status, events, restart
 
 
+# initial_burst_rise 0: these tests are about status and restarts, not the burst headroom
 CFG = AutoscaleConfig(min_replicas=1, max_replicas=8, ttft_target_s=1.0, itl_target_s=0.025, up_window_s=10,
-                      down_window_s=20, cooldown_s=15)
+                      down_window_s=20, cooldown_s=15, initial_burst_rise=0.0)
 HOT = MetricsSnapshot(ok=True, ttft_s=2.5, itl_s=0.02, request_rate_per_s=9.0, queue_depth=3.0, running=40.0,
                       sample_age_s=1.0, sample_time=100.0)
 
@@ -277,10 +278,13 @@ def test_the_policy_state_survives_a_restart_through_status():
     t = NOW.timestamp()
     state = AutoscaleState(desired_replicas=4, above_since=t - 40, below_since=None, last_change_at=t - 600,
                            learned_rps_per_replica=1.75, learned_at=t - 300, last_down_at=t - 900,
-                           learned_from_ttft=True)
+                           learned_from_ttft=True, burst_rise=0.8125, burst_rise_previous=1.25,
+                           burst_period_since=t - 7200, watching_since=t - 86400)
     doc = _status_of(state, NOW)
     assert doc["upSignalSince"] == "2026-01-01T11:59:20Z" and "downSignalSince" not in doc
     assert doc["learnedCapacityRps"] == 1.75 and doc["learnedFromTtft"] is True
+    assert doc["learnedBurstRise"] == 0.8125 and doc["learnedBurstRisePrevious"] == 1.25
+    assert doc["burstMemorySince"] == "2026-01-01T10:00:00Z" and doc["watchingSince"] == "2025-12-31T12:00:00Z"
     doc["lastScaleTime"] = "2026-01-01T11:50:00Z"
     # a quick restart (20 s later): everything comes back, the up window keeps running
     back = asc.state_from_status(doc, 4, now=t + 20)
@@ -288,6 +292,7 @@ def test_the_policy_state_survives_a_restart_through_status():
     # a long gap: nobody watched the signal, so the window starts again; what was learned stays
     late = asc.state_from_status(doc, 4, now=t + asc.WINDOW_RESUME_S + 1)
     assert late.above_since is None and late.learned_rps_per_replica == 1.75 and late.learned_at == t - 300
+    assert (late.burst_rise, late.burst_rise_previous, late.watching_since) == (0.8125, 1.25, t - 86400)
     assert asc.state_from_status(doc, 4).above_since is None                       # no clock, no window
 
 
@@ -312,5 +317,11 @@ def test_malformed_policy_state_in_status_is_dropped_field_by_field():
     s = asc.state_from_status(doc, 3, now=NOW.timestamp())
     assert s.above_since is None and s.learned_rps_per_replica is None and s.learned_at is None
     assert s.below_since == NOW.timestamp() - 60 and s.last_change_at == NOW.timestamp() - 3600
+    burst = asc.state_from_status({"learnedBurstRise": float("nan"), "learnedBurstRisePrevious": -0.5,
+                                   "burstMemorySince": "2026-01-01T11:00:00Z", "watchingSince": "soon"}, 3)
+    assert (burst.burst_rise, burst.burst_rise_previous, burst.watching_since) == (None, None, None)
+    assert burst.burst_period_since == NOW.timestamp() - 3600
+    # rises without the time their memory began cannot age: dropped
+    assert asc.state_from_status({"learnedBurstRise": 0.5}, 3).burst_rise is None
     no_time = asc.state_from_status({"learnedCapacityRps": 2.0}, 3, now=NOW.timestamp())
     assert no_time.learned_rps_per_replica is None        # an estimate without its time cannot decay: dropped

@@ -232,7 +232,20 @@ def policy_state_fields(state: AutoscaleState) -> dict[str, Any]:
         "learnedCapacityRps": None if learned is None or not math.isfinite(learned) else round(learned, 4),
         "learnedCapacityTime": _at(state.learned_at) if learned is not None else None,
         "learnedFromTtft": True if learned is not None and state.learned_from_ttft else None,
+        # the burst memory (policy: learned headroom for demand rises); the demand samples of the
+        # last burst horizon are not kept: losing them only delays measuring a rise by that horizon
+        "learnedBurstRise": _rise(state.burst_rise),
+        "learnedBurstRisePrevious": _rise(state.burst_rise_previous),
+        "burstMemorySince": _at(state.burst_period_since),
+        "watchingSince": _at(state.watching_since),
     }
+
+
+def _rise(value: Any) -> float | None:
+    """A remembered relative rise, when it is one (finite, >= 0), rounded for status."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+        return round(float(value), 4)
+    return None
 
 
 def needs_write(previous: Mapping[str, Any] | None, new: Mapping[str, Any], now: datetime,
@@ -287,7 +300,8 @@ def held_decision(state: AutoscaleState, reason: str, message: str) -> Decision:
 def state_from_status(previous: Mapping[str, Any] | None, current_replicas: int,
                       now: float | None = None) -> AutoscaleState:
     """What a (re)started autoscaler knows from status: the count, the last change (cooldown), the
-    windows already running and the learned capacity. Anything malformed is dropped field by field:
+    windows already running, the learned capacity and the burst memory (rises seen, and since when
+    metrics were watched: a restart does not fall back to the initial burst assumption). Anything malformed is dropped field by field:
     a lost window only delays a change, and a lost estimate falls back to the planner's.
 
     A window means the signal held without a break, so one is resumed only when the last decision
@@ -303,6 +317,9 @@ def state_from_status(previous: Mapping[str, Any] | None, current_replicas: int,
     learned_at = _epoch(prev.get("learnedCapacityTime")) if learned is not None else None
     if learned_at is None:
         learned = None
+    burst_since = _epoch(prev.get("burstMemorySince"))
+    rise = _rise(prev.get("learnedBurstRise")) if burst_since is not None else None
+    rise_previous = _rise(prev.get("learnedBurstRisePrevious")) if burst_since is not None else None
     return AutoscaleState(
         desired_replicas=current_replicas,
         last_change_at=_epoch(prev.get("lastScaleTime")),
@@ -312,6 +329,10 @@ def state_from_status(previous: Mapping[str, Any] | None, current_replicas: int,
         learned_rps_per_replica=None if learned is None else float(learned),
         learned_at=learned_at,
         learned_from_ttft=learned is not None and prev.get("learnedFromTtft") is True,
+        burst_rise=rise,
+        burst_rise_previous=rise_previous,
+        burst_period_since=burst_since,
+        watching_since=_epoch(prev.get("watchingSince")),
     )
 
 
