@@ -12,6 +12,7 @@ Prints per model and overall (pooled over all held-out predictions):
 Usage (from the repository root):
 
     python benchmarks/accuracy.py                 # leave-one-model-out
+    python benchmarks/accuracy.py --jobs 2        # the same, two folds at a time
     python benchmarks/accuracy.py --fit           # fit on all rows, print FITTED_PARAMS
     python benchmarks/accuracy.py --no-refit      # evaluate the committed FITTED_PARAMS
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import re
 import sys
 import time
@@ -113,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-refit", action="store_true", help="evaluate the committed FITTED_PARAMS as they are")
     ap.add_argument("--iters", type=int, default=300, help="Nelder-Mead iterations per fit")
     ap.add_argument("--mode", choices=("agg", "disagg", "all"), default="all")
+    ap.add_argument("--jobs", type=int, default=1, help="folds fitted in parallel processes (default 1)")
     ap.add_argument("--show-failures", action="store_true")
     args = ap.parse_args(argv)
     data = args.data or cal.default_data_dir()
@@ -140,13 +143,21 @@ def main(argv: list[str] | None = None) -> int:
     pooled: list = []
     pooled_failed: list = []
     per_model = {}
-    for fam in sorted(groups):
-        held = groups[fam]
-        if args.no_refit:
-            params = cal.FITTED_PARAMS
+    fams = sorted(groups)
+    if args.no_refit:
+        fold_params = {fam: cal.FITTED_PARAMS for fam in fams}
+    else:
+        trains = [[s for f2, its in groups.items() if f2 != fam for _, s, _ in its if s is not None]
+                  for fam in fams]
+        if args.jobs > 1:
+            with multiprocessing.Pool(args.jobs) as pool:
+                fitted = pool.starmap(cal.fit, [(train, None, args.iters) for train in trains], chunksize=1)
         else:
-            train = [s for f2, its in groups.items() if f2 != fam for _, s, _ in its if s is not None]
-            params = cal.fit(train, iters=args.iters)
+            fitted = [cal.fit(train, iters=args.iters) for train in trains]
+        fold_params = dict(zip(fams, fitted))
+    for fam in fams:
+        held = groups[fam]
+        params = fold_params[fam]
         ok, failed = predict_all(held, params)
         per_model[fam] = summarise(fam, ok, len(held))
         pooled += ok

@@ -12,7 +12,10 @@ Algorithm (facts in ../shared/docs/planner.md, "Time" and "Communication"):
      at most `window` tokens), prefill is compute (causal, half the square);
    - routed experts: all attention ranks' tokens meet in the EP group; an EP rank
      reads only the DISTINCT experts the step touches, `E/ep * (1 - (1 - k/E)^T)`,
-     and computes `T * k / ep` token-experts, scaled by `moe_eff`;
+     and computes `T * k / ep` token-experts: the reads at `moe_eff` x
+     `mem_eff` of HBM bandwidth, the grouped GEMMs at `moe_gemm_eff` x
+     `gemm_eff` of peak (many small GEMMs: an op kind of its own, fitted on
+     TTFT since prefill is where experts compute);
    - communication: TP all-reduce (ring, 2 per layer), EP dispatch + combine
      (all-to-all), each over NVLink while the group fits the NVLink domain; beyond
      it an all-to-all sends the share of traffic that leaves the domain through
@@ -70,7 +73,10 @@ class PerfParams:
     gemm_eff: float = 0.6        # share of dense tensor peak reached by GEMMs
     mem_eff: float = 0.8         # share of HBM bandwidth reached streaming weights
     attn_eff: float = 0.6        # share of HBM bandwidth reached reading the KV cache
-    moe_eff: float = 0.7         # grouped-GEMM efficiency of routed experts (x gemm/mem eff)
+    moe_eff: float = 0.7         # share of the weight-streaming rate reached reading routed experts (x mem_eff),
+                                 # and of the GEMM rate by their grouped GEMMs unless moe_gemm_eff is set
+    moe_gemm_eff: float = 0.0    # share of the dense GEMM rate reached by routed experts' grouped GEMMs
+                                 # (x gemm_eff); 0: the same as moe_eff
     layer_us: float = 15.0       # fixed cost per layer per iteration (µs)
     iter_ms: float = 3.0         # fixed cost per iteration (ms)
     comm_eff: float = 0.7        # share of link bandwidth reached by collectives
@@ -294,9 +300,8 @@ def iteration_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams,
         t_all = T * m.attn_dp                       # tokens meeting in the EP group
         touched = st.experts_per_rank * (1.0 - (1.0 - k / E) ** t_all)
         pairs = t_all * k / m.moe_ep               # token-expert pairs per EP rank
-        moe = q.moe_eff
-        t_exp = max(pairs * 2.0 * model.expert_params / m.moe_tp / (fl * moe),
-                    touched * st.expert_w_bytes / (me_bw * moe))
+        t_exp = max(pairs * 2.0 * model.expert_params / m.moe_tp / (fl * (q.moe_gemm_eff or q.moe_eff)),
+                    touched * st.expert_w_bytes / (me_bw * q.moe_eff))
         if st.shared_w_bytes:
             t_exp += max(T * st.shared_flops_tok / fl, st.shared_w_bytes / me_bw)
         t += st.n_moe * t_exp
