@@ -81,6 +81,17 @@ def test_config_follows_the_spec():
     assert (cfg.ttft_target_s, cfg.itl_target_s, cfg.percentile) == (1.0, 0.025, 95.0)
     assert (cfg.up_window_s, cfg.down_window_s, cfg.cooldown_s) == (20, 40, 30)
     assert (cfg.up_threshold, cfg.down_threshold, cfg.max_step_up, cfg.max_step_down) == (1.2, 0.7, 3, 2)
+    # the initial burst assumption: the policy's default unless the spec sets it (0 turns it off)
+    assert cfg.initial_burst_rise == AutoscaleConfig.__dataclass_fields__["initial_burst_rise"].default == 1.5
+    assert asc.config_from_spec(spec_of(manifest(initialBurstHeadroom=0))).initial_burst_rise == 0.0
+    assert asc.config_from_spec(spec_of(manifest(initialBurstHeadroom=0.5))).initial_burst_rise == 0.5
+
+
+def test_initial_burst_headroom_out_of_range_is_rejected_naming_the_field():
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError, match="initialBurstHeadroom"):
+        spec_of(manifest(initialBurstHeadroom=5))
 
 
 def test_max_gpus_caps_max_replicas_but_never_below_min():

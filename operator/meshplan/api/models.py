@@ -813,6 +813,13 @@ class AutoscalingSpec(ApiModel):
     )
     max_step_up: int = Field(default=4, ge=1, le=1000, description="Most replicas added in one decision.")
     max_step_down: int = Field(default=1, ge=1, le=1000, description="Most replicas removed in one decision.")
+    initial_burst_headroom: float | None = Field(
+        default=None, ge=0, le=4,
+        description="The rise of demand to provision for before any rise was observed (1.5 = +150 %), "
+        "halving every 4 h of watched metrics; replicas are sized for demand x (1 + the larger of this and "
+        "the largest rise seen within 5 minutes over the last day). Unset: 1.5 (a new replica takes minutes "
+        "to serve, so only headroom already running absorbs a burst). 0 sizes for observed rises only.",
+    )
     metrics: MetricNames = _section(MetricNames, description="Metric name overrides.")
 
 

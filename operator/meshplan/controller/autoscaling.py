@@ -151,6 +151,7 @@ def config_from_spec(spec: Any, gpus_per_replica: int | None = None) -> Autoscal
         cooldown_s=float(a.cooldown_seconds),
         max_step_up=a.max_step_up,
         max_step_down=a.max_step_down,
+        **({} if a.initial_burst_headroom is None else {"initial_burst_rise": float(a.initial_burst_headroom)}),
     )
 
 
