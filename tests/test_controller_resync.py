@@ -114,3 +114,16 @@ def test_a_standby_skips_the_resync_list_only_where_it_knows_it_is_paused(monkey
     assert not acts(peering="p", namespaces=("a", "b"))       # standby in every named namespace
     assert acts(peering="p", namespaces=("a", "b", "c"))      # acts in one of them
     assert acts(peering="p", namespaces=("a", "team-*"))      # globs: unknown before the LIST
+
+
+def test_autoscaled_keys_are_the_listed_objects_with_autoscaling_enabled_in_served_namespaces():
+    from meshplan.controller.indexes import autoscaled_keys
+
+    def item(ns: str, name: str, autoscaling) -> dict:
+        return {**_llmd(ns, name), "spec": {} if autoscaling is None else {"autoscaling": autoscaling}}
+
+    items = [item("team-a", "on", {"enabled": True}), item("team-a", "off", {"enabled": False}),
+             item("team-a", "unset", None), item("team-a", "truthy", {"enabled": "true"}),
+             item("other", "on", {"enabled": True})]
+    assert autoscaled_keys(items, ("team-*",)) == {("team-a", "on")}
+    assert autoscaled_keys(items, ()) == {("team-a", "on"), ("other", "on")}

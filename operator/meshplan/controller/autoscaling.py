@@ -538,6 +538,8 @@ class Autoscaler:
 
     async def _guarded(self, namespace: str, name: str) -> None:
         try:
+            if not await handlers.may_act(namespace):
+                return      # a standby (kopf peering): the leader evaluates and writes status
             await self.evaluate(namespace, name)
         except asyncio.CancelledError:
             raise
@@ -567,7 +569,9 @@ async def start_autoscaler(autoscaled_llmds: kopf.Index, **_: Any) -> None:
             await asyncio.sleep(0.1)
         AUTOSCALER = Autoscaler(handlers.STATE.reconciler, handlers.STATE.enqueue, DEFAULT_PROMETHEUS_URL)
         handlers.AUTOSCALE_HOOK = AUTOSCALER.hook
-        await AUTOSCALER.run(lambda: indexes.values(autoscaled_llmds, indexes.ALL_KEY))
+        # kopf's index, plus what the resync's LIST found autoscaled where kopf's watches are blind (L1)
+        await AUTOSCALER.run(lambda: indexes.values(autoscaled_llmds, indexes.ALL_KEY)
+                             + sorted(handlers.STATE.missed_autoscaled))
 
     _TASKS.append(asyncio.create_task(main()))
 

@@ -77,6 +77,10 @@ class State:
     list_forbidden: bool = False        # RBAC forbids the resync's cluster-wide LIST: list per namespace
     nodes_index: Any = None
     missed_before: set = field(default_factory=set)    # keys the previous LIST found and the watches did not
+    # Of the last LIST: the autoscaled keys; and those the watches did not see, which the autoscaling
+    # loop adds to its work list (it is fed by a kopf index, blind to them like every kopf handler).
+    listed_autoscaled: set = field(default_factory=set)
+    missed_autoscaled: set = field(default_factory=set)
     # What kopf's indexes lack while its watches missed something (`fill_watch_gaps`): the GPU
     # nodes when kopf watches no Node at all, the GPU pods of namespaces kopf never noticed.
     gap_nodes: list = field(default_factory=list)
@@ -219,7 +223,9 @@ async def list_llmdeployments(kube: Kube, globs: tuple[str, ...]) -> set[tuple[s
     path = "/apis/meshplan.dev/v1alpha1/llmdeployments"
     if not STATE.list_forbidden:
         try:
-            return indexes.listed_keys((await kube.request("GET", path)).get("items") or (), globs)
+            items = (await kube.request("GET", path)).get("items") or ()
+            STATE.listed_autoscaled = indexes.autoscaled_keys(items, globs)
+            return indexes.listed_keys(items, globs)
         except ApiError as exc:
             if exc.status != 403 or not globs:
                 raise
@@ -230,6 +236,7 @@ async def list_llmdeployments(kube: Kube, globs: tuple[str, ...]) -> set[tuple[s
         doc = await kube.request("GET", "/api/v1/namespaces")
         namespaces |= {(n.get("metadata") or {}).get("name", "") for n in doc.get("items") or ()}
     keys: set[tuple[str, str]] = set()
+    autoscaled: set[tuple[str, str]] = set()
     for ns in sorted(n for n in namespaces if indexes.served_namespace(n, globs)):
         try:
             doc = await kube.request("GET", f"/apis/meshplan.dev/v1alpha1/namespaces/{ns}/llmdeployments")
@@ -238,6 +245,8 @@ async def list_llmdeployments(kube: Kube, globs: tuple[str, ...]) -> set[tuple[s
                 continue
             raise
         keys |= indexes.listed_keys(doc.get("items") or (), globs)
+        autoscaled |= indexes.autoscaled_keys(doc.get("items") or (), globs)
+    STATE.listed_autoscaled = autoscaled
     return keys
 
 
@@ -320,6 +329,7 @@ async def _resync() -> None:
             if missed:
                 log.info("resync: %d LLMDeployment(s) listed but not (yet) seen by the watches, queued if due: %s",
                          len(missed), ", ".join(f"{ns}/{name}" for ns, name in missed[:10]))
+            STATE.missed_autoscaled = STATE.listed_autoscaled & set(missed)
             for gone in set(STATE.last_reconciled) - keys:     # deleted while no watch saw it
                 STATE.last_reconciled.pop(gone, None)
             try:

@@ -92,6 +92,13 @@ def listed_keys(items: Iterable[Mapping[str, Any]], globs: Iterable[str]) -> set
     return out
 
 
+def autoscaled_keys(items: Iterable[Mapping[str, Any]], globs: Iterable[str]) -> set[Key]:
+    """(namespace, name) of listed objects in the served namespaces with spec.autoscaling.enabled
+    (what the `autoscaled_llmds` index holds for the objects kopf's watches do see)."""
+    return listed_keys((i for i in items if ((i.get("spec") or {}).get("autoscaling") or {}).get("enabled") is True),
+                       globs)
+
+
 def due_for_resync(keys: Iterable[Key], last_reconciled_s: Mapping[Key, float], now_s: float,
                    period_s: float) -> list[Key]:
     """The keys not reconciled within the last `period_s` (never reconciled: due), sorted.
