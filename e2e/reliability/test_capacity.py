@@ -134,12 +134,25 @@ def test_no_spare_capacity_reports_and_never_leaves_half_a_group(cluster, ns, re
              "replica 0 removed whole, replica 1 untouched")
     o = kit.get(cluster, ns, "llmd", "full")
     assert o["status"]["readyReplicas"] == 1 and kit.cond(o, "Available")["status"] == "False"
-    # self-healing goes on while capacity is short
-    worker = kit.get(cluster, ns, "pod", "full-r1-1")["metadata"]["uid"]
+    # Self-healing goes on while capacity is short: the surviving group loses its worker and is
+    # restarted whole. It comes back under the lowest free replica index (r0 here, as r0 is gone), so
+    # it is recognised by its pods being new, not by its name. kwok heartbeats a node again ~20 s
+    # after make_not_ready (measured: it keeps managing a node whose annotation was removed), so
+    # "capacity is short" holds only in that window; the restart takes about a second.
+    old_uids = {p["metadata"]["uid"] for p in kit.pods(cluster, ns)}
     cluster.kubectl("delete", "pod", "full-r1-1", "-n", ns, "--wait=false")
-    hw.until(lambda: (p := kit.get(cluster, ns, "pod", "full-r1-1")) and p["metadata"]["uid"] != worker
-             and (o := kit.get(cluster, ns, "llmd", "full"))["status"].get("readyReplicas") == 1
-             and not kit.half_running(kit.pods(cluster, ns)), 60, "replica 1 restarted whole and ready")
+
+    def restarted_whole():
+        pods = kit.pods(cluster, ns)
+        fresh = [k for k, members in kit.groups(pods, "full").items()
+                 if len(members) == 2 and not {p["metadata"]["uid"] for p in members} & old_uids
+                 and all(any(c.get("type") == "Ready" and c.get("status") == "True"
+                             for c in (p.get("status") or {}).get("conditions") or ()) for p in members)]
+        o = kit.get(cluster, ns, "llmd", "full")
+        return fresh and not kit.half_running(pods) and (o["status"].get("readyReplicas") or 0) >= 1 and o
+
+    healed = hw.until(restarted_whole, 60, "the surviving group restarted whole (new pods) and ready")
+    assert kit.cond(healed, "Placed").get("status") == "False", kit.cond(healed, "Placed")
     assert hw.worst <= HALF_RUNNING_GRACE_S, f"a group was half-running for {hw.worst:.1f}s"
     t0 = time.monotonic()
     fleet.add([kit.gb200_group("rel-capfull-d9", 2, "rel-capfull-d9.0")])
