@@ -37,15 +37,20 @@ def test_labels_can_carry_only_dns_labels_up_to_63():
     assert not labels_can_carry("llm.v1")
 
 
+def _ready_topology(fleet: dict, limit: int | None = None):
+    """The topology of a fleet file's nodes (the first `limit` of them), all Ready, nothing used."""
+    infos = []
+    for n in fleet_nodes(fleet)[:limit]:
+        n["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        infos.append(node_info(n))
+    return build_topology_from_infos(infos, [])
+
+
 def _topology(trays: int):
     fleet = {"name": "t", "nodeGroups": [{"namePrefix": f"t-d{d}", "count": 2, "gpusPerNode": 4,
                                           "product": "NVIDIA-GB200", "memoryMiB": 189471, "clique": f"t-d{d}.0"}
                                          for d in range(2)]}
-    infos = []
-    for n in fleet_nodes(fleet)[:trays]:
-        n["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
-        infos.append(node_info(n))
-    return build_topology_from_infos(infos, [])
+    return _ready_topology(fleet, trays)
 
 
 def _spec(replicas: int, model: str = "llama-3.1-70b"):
@@ -84,11 +89,7 @@ def _two_products():
         {"namePrefix": "mix-nvl0", "count": 4, "gpusPerNode": 4, "product": GB200, "memoryMiB": 189471,
          "clique": "mix-nvl0.0"},
     ]}
-    infos = []
-    for n in fleet_nodes(fleet):
-        n["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
-        infos.append(node_info(n))
-    return build_topology_from_infos(infos, [])
+    return _ready_topology(fleet)
 
 
 def _mixed_manifest(replicas: int, products: list[str]) -> dict:

@@ -302,8 +302,9 @@ def state_from_status(previous: Mapping[str, Any] | None, current_replicas: int,
                       now: float | None = None) -> AutoscaleState:
     """What a (re)started autoscaler knows from status: the count, the last change (cooldown), the
     windows already running, the learned capacity and the burst memory (rises seen, and since when
-    metrics were watched: a restart does not fall back to the initial burst assumption). Anything malformed is dropped field by field:
-    a lost window only delays a change, and a lost estimate falls back to the planner's.
+    metrics were watched: a restart does not fall back to the initial burst assumption). Anything
+    malformed is dropped field by field: a lost window only delays a change, and a lost estimate
+    falls back to the planner's.
 
     A window means the signal held without a break, so one is resumed only when the last decision
     was written at most WINDOW_RESUME_S before `now` (a quick restart or peer handover); after a

@@ -77,9 +77,8 @@ class State:
     list_forbidden: bool = False        # RBAC forbids the resync's cluster-wide LIST: list per namespace
     nodes_index: Any = None
     missed_before: set = field(default_factory=set)    # keys the previous LIST found and the watches did not
-    # Of the last LIST: the autoscaled keys; and those the watches did not see, which the autoscaling
-    # loop adds to its work list (it is fed by a kopf index, blind to them like every kopf handler).
-    listed_autoscaled: set = field(default_factory=set)
+    # Autoscaled keys the last LIST found and the watches did not: the autoscaling loop adds them to
+    # its work list (it is fed by a kopf index, blind to them like every kopf handler).
     missed_autoscaled: set = field(default_factory=set)
     # What kopf's indexes lack while its watches missed something (`fill_watch_gaps`): the GPU
     # nodes when kopf watches no Node at all, the GPU pods of namespaces kopf never noticed.
@@ -211,21 +210,22 @@ async def _worker() -> None:
             STATE.enqueue(key, RETRY_AFTER_ERROR_S)
 
 
-async def list_llmdeployments(kube: Kube, globs: tuple[str, ...]) -> set[tuple[str, str]] | None:
-    """(namespace, name) of every served LLMDeployment, read from the API server, not from a watch.
+async def list_llmdeployments(kube: Kube, globs: tuple[str, ...]
+                              ) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """(namespace, name) of every served LLMDeployment, and of those with autoscaling enabled, read
+    from the API server, not from a watch.
 
     One cluster-wide LIST, filtered by the namespace globs (the chart's default
     RBAC, `watch.allNamespaces`, grants it). Where that is forbidden (the chart
     with `watch.namespaces`: a Role per namespace), one LIST per served
     namespace: the exact names, plus those matching a glob (namespaces may be
-    listed cluster-wide: kopf needs it too). None when nothing could be listed.
+    listed cluster-wide: kopf needs it too).
     """
     path = "/apis/meshplan.dev/v1alpha1/llmdeployments"
     if not STATE.list_forbidden:
         try:
             items = (await kube.request("GET", path)).get("items") or ()
-            STATE.listed_autoscaled = indexes.autoscaled_keys(items, globs)
-            return indexes.listed_keys(items, globs)
+            return indexes.listed_keys(items, globs), indexes.autoscaled_keys(items, globs)
         except ApiError as exc:
             if exc.status != 403 or not globs:
                 raise
@@ -244,10 +244,10 @@ async def list_llmdeployments(kube: Kube, globs: tuple[str, ...]) -> set[tuple[s
             if exc.status in (403, 404):
                 continue
             raise
-        keys |= indexes.listed_keys(doc.get("items") or (), globs)
-        autoscaled |= indexes.autoscaled_keys(doc.get("items") or (), globs)
-    STATE.listed_autoscaled = autoscaled
-    return keys
+        items = doc.get("items") or ()
+        keys |= indexes.listed_keys(items, globs)
+        autoscaled |= indexes.autoscaled_keys(items, globs)
+    return keys, autoscaled
 
 
 async def fill_watch_gaps(kube: Kube, missed: set[tuple[str, str]], known: set[tuple[str, str]]) -> None:
@@ -315,9 +315,10 @@ async def _resync() -> None:
             continue     # a standby: no LIST, no "not seen by the watches" lines; nothing to act on
         known = {tuple(k) for k in indexes.values(STATE.llmds_index, indexes.ALL_KEY)}
         listed: set[tuple[str, str]] | None = None
+        autoscaled: set[tuple[str, str]] = set()
         if STATE.reconciler is not None:
             try:
-                listed = await list_llmdeployments(STATE.reconciler.kube, tuple(OPTIONS.namespaces))
+                listed, autoscaled = await list_llmdeployments(STATE.reconciler.kube, tuple(OPTIONS.namespaces))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the index's view still gets its resync
@@ -329,7 +330,7 @@ async def _resync() -> None:
             if missed:
                 log.info("resync: %d LLMDeployment(s) listed but not (yet) seen by the watches, queued if due: %s",
                          len(missed), ", ".join(f"{ns}/{name}" for ns, name in missed[:10]))
-            STATE.missed_autoscaled = STATE.listed_autoscaled & set(missed)
+            STATE.missed_autoscaled = autoscaled & set(missed)
             for gone in set(STATE.last_reconciled) - keys:     # deleted while no watch saw it
                 STATE.last_reconciled.pop(gone, None)
             try:

@@ -60,7 +60,6 @@ from meshplan.controller.decide import (
     Outcome,
     decide,
     fallback_target,
-    replicas_that_fit,
     target_for,
 )
 from meshplan.controller.kube import COMPUTE_DOMAIN_CRD, ApiError, Kube, count_writes, resource_path
@@ -556,7 +555,7 @@ class Reconciler:
 
             alt = fallback_target(spec, target, topology, desired, plan_for_spec, bool(self.compute_domains))
             if alt is not None:
-                fit = replicas_that_fit(target, topology, desired)
+                fit = len(outcome.placement.placed)
                 self.plans[common["uid"]] = (plan_key(spec, topology), alt.plan)
                 self.plan_specs[common["uid"]] = spec_key(spec)
                 self.plans_moved.add(common["uid"])
