@@ -32,7 +32,8 @@ READING_SPEED = 20.0          # tokens/s/user, the blog's reading speed
 WORKLOAD = Workload(isl=1024, osl=256)
 
 PERF_PP = ("perf.predict prices PP exactly like DP at the same per-GPU load: TPOT = pp x stage time of "
-           "b_run/(attn_dp*pp) tokens, so EP16PP4's curve coincides with EP16DP4's (no interactivity gain)")
+           "b_run/(attn_dp*pp) tokens, so EP16PP4's curve coincides with EP16DP4's (no interactivity gain); "
+           "NVIDIA's AIConfigurator 0.12.0 agrees to 0.1%: python benchmarks/pp_vs_dp.py --aiconfigurator")
 
 
 def curve(tp: int, ep: int, pp: int, chunks=None):
@@ -68,6 +69,22 @@ def test_ep16pp4_trades_little_throughput_for_much_interactivity_vs_ep16dp4():
     assert any(c.prediction.tokens_per_s_per_user >= need_user and c.prediction.tokens_per_s_per_gpu >= need_gpu
                for c in pp4), (f"EP16DP4 at {dp4.prediction}; EP16PP4 needs >= {need_user:.1f} tokens/s/user at "
                                f">= {need_gpu:.1f} tokens/s/GPU")
+
+
+def test_pipeline_stages_price_like_replicas_at_the_same_sequences_per_gpu():
+    """Why the claim above fails: a stage holds 1/pp of the layers for one microbatch, so pp stages
+    of b sequences cost what a replica of b costs, per token and per GPU (AIConfigurator agrees:
+    benchmarks/pp_vs_dp.py). Only the P2P hops separate them; KV-capped rows are excluded."""
+    from meshplan.planner.perf import predict
+    from meshplan.planner.types import Layout
+
+    for per_gpu in (1, 8, 32):
+        dp, pp = (predict(GPT, BLOG_GPU, Layout(tp=1, ep=16, pp=n), WORKLOAD, weight_dtype="fp4",
+                          kv_dtype="fp8", engine="trtllm", concurrency=per_gpu * 16 * n) for n in (1, 4))
+        assert not dp.notes and not pp.notes, (dp.notes, pp.notes)
+        assert pp.tokens_per_s_per_user <= dp.tokens_per_s_per_user            # the hops only add time
+        assert pp.tokens_per_s_per_user == pytest.approx(dp.tokens_per_s_per_user, rel=0.01)
+        assert pp.tokens_per_s_per_gpu == pytest.approx(dp.tokens_per_s_per_gpu, rel=0.01)
 
 
 def test_tp4ep4pp4_doubles_throughput_of_tp64_at_no_less_interactivity():
