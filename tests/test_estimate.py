@@ -78,3 +78,21 @@ def test_estimate_reports_a_missing_scenarios_file(tmp_path, capsys):
     rc = main(["estimate", "--scenarios", str(tmp_path / "nope.csv"), "--output", str(tmp_path / "o.csv")])
     assert rc == 2
     assert "--scenarios" in capsys.readouterr().err
+
+
+def test_estimate_reads_aiconfigurator_quant_mode_names(tmp_path):
+    """AIConfigurator's quant names (e.g. Kimi-K2.5's int4_wo rows in its silicon sample) are
+    predicted with the weight bytes they stand for; an unknown name still says why."""
+    quant = {"int4-wo": ("int4", "int4_wo"), "int8-sq": ("int8", "sq"), "fp8-static": ("fp8", "fp8_static"),
+             "bf16-long": ("bf16", "bfloat16"), "fp8": ("fp8", "fp8")}
+    rows = [_row(id=rid, system="h100_sxm", precision=p, gemm_quant_mode=q, moe_quant_mode=q)
+            for rid, (p, q) in quant.items()]
+    rows.append(_row(id="bogus", system="h100_sxm", gemm_quant_mode="int3_magic"))
+    by_id = {r["id"]: r for r in _run(tmp_path, rows)}
+    for rid in quant:
+        assert by_id[rid]["error"] == "", by_id[rid]
+    tpot = {rid: float(by_id[rid]["pred_tpot_ms"]) for rid in quant}
+    # fewer weight bytes per token read: 4-bit < 8-bit (int8, fp8) < 16-bit, at this small batch
+    assert tpot["int4-wo"] < tpot["int8-sq"] < tpot["bf16-long"]
+    assert tpot["fp8-static"] == tpot["fp8"]
+    assert "int3_magic" in by_id["bogus"]["error"]

@@ -90,9 +90,17 @@ def default_data_dir() -> Path:
 
 # ---- scenarios ------------------------------------------------------------------------
 
-_QUANT = {"nvfp4": "fp4", "mxfp4": "fp4", "fp4": "fp4", "fp8": "fp8", "fp8_block": "fp8",
-          "w4a16": "int4", "int4": "int4", "int4_awq": "int4", "w4a8": "int4", "int8": "int8",
-          "bf16": "bf16", "fp16": "fp16", "float16": "fp16", "": "bf16"}
+# quant-mode names -> the weight dtype whose bytes the model reads; the AIConfigurator
+# names are its `--gemm-quant-mode` / `--moe-quant-mode` choices (aiconfigurator 0.12.0
+# CLI): *_wo and w4a16* are weight-only (4- or 8-bit weights, 16-bit activations),
+# w4afp8 / w4a8_* are 4-bit weights with 8-bit activations, sq is SmoothQuant INT8.
+_QUANT = {"nvfp4": "fp4", "mxfp4": "fp4", "fp4": "fp4", "nvfp4_wo": "fp4", "w4a16_nvfp4": "fp4",
+          "w4a16_mxfp4": "fp4", "w4a16_mxfp4_cutlass": "fp4", "w4a8_mxfp4_mxfp8": "fp4",
+          "w4a8_mxfp4_mxfp8_trtllm": "fp4",
+          "fp8": "fp8", "fp8_block": "fp8", "fp8_static": "fp8", "fp8_ootb": "fp8",
+          "w4a16": "int4", "int4": "int4", "int4_awq": "int4", "int4_wo": "int4", "w4a8": "int4",
+          "w4afp8": "int4", "int8": "int8", "int8_wo": "int8", "sq": "int8",
+          "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "": "bf16"}
 _ENGINES = {"trtllm": "trtllm", "tensorrt-llm": "trtllm", "tensorrt_llm": "trtllm", "vllm": "vllm",
             "sglang": "sglang"}
 
