@@ -96,3 +96,18 @@ def test_estimate_reads_aiconfigurator_quant_mode_names(tmp_path):
     assert tpot["int4-wo"] < tpot["int8-sq"] < tpot["bf16-long"]
     assert tpot["fp8-static"] == tpot["fp8"]
     assert "int3_magic" in by_id["bogus"]["error"]
+
+
+def test_a_recorded_layout_no_engine_can_run_is_read_as_attention_dp_and_expert_parallel():
+    """AIConfigurator's sample records DeepSeek-R1 on GB200 as "tp36": 36 does not divide the 128
+    attention heads nor the 2,048-wide expert FFN, so the run used DP attention and EP over 36 GPUs."""
+    from meshplan.catalog.models import get_model
+    from meshplan.planner.calibration import realizable
+    from meshplan.planner.memory import ReplicaMapping
+
+    ds = get_model("deepseek-v3")
+    odd = realizable(ReplicaMapping(attn_tp=36, attn_dp=1, moe_tp=36, moe_ep=1, pp=1), ds)
+    assert (odd.attn_tp, odd.attn_dp, odd.moe_tp, odd.moe_ep, odd.pp) == (1, 36, 1, 36, 1)
+    assert odd.gpus == 36
+    runnable = ReplicaMapping(attn_tp=8, attn_dp=1, moe_tp=1, moe_ep=8, pp=2)
+    assert realizable(runnable, ds) is runnable

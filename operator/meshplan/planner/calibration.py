@@ -165,6 +165,25 @@ def _mapping(row: dict, prefix: str = "") -> ReplicaMapping:
     return ReplicaMapping(attn_tp=tp, attn_dp=adp, moe_tp=mtp, moe_ep=mep, pp=pp)
 
 
+def realizable(m: ReplicaMapping, model: ModelArch) -> ReplicaMapping:
+    """The layout an engine can actually have run for a recorded one it could not.
+
+    Some rows record only a GPU count as `tp_size` (e.g. DeepSeek-R1 "tp72" on GB200 in
+    AIConfigurator's silicon sample). Tensor parallelism must divide the attention heads
+    (and the expert FFN width), so such a row ran data-parallel attention (TensorRT-LLM
+    `enable_attention_dp`, SGLang `--enable-dp-attention`) and expert parallelism over
+    those GPUs, which is what is predicted. Layouts an engine accepts are returned as they are.
+    """
+    tp, adp, mtp, mep = m.attn_tp, m.attn_dp, m.moe_tp, m.moe_ep
+    if tp > 1 and model.num_attention_heads % tp:
+        tp, adp = 1, adp * tp
+    if model.is_moe and mtp > 1 and model.moe_intermediate_size % mtp:
+        mtp, mep = 1, mep * mtp
+    if (tp, adp, mtp, mep) == (m.attn_tp, m.attn_dp, m.moe_tp, m.moe_ep):
+        return m
+    return ReplicaMapping(attn_tp=tp, attn_dp=adp, moe_tp=mtp, moe_ep=mep, pp=m.pp)
+
+
 _MODEL_CACHE: dict[tuple[str, str], ModelArch] = {}
 
 
@@ -216,8 +235,8 @@ def scenario_from_row(row: dict, configs_dir: str | Path | None) -> Scenario:
                   measured_ttft_ms=_float(row.get("silicon_ttft_ms")),
                   measured_tpot_ms=_float(row.get("silicon_tpot_ms")))
     if mode == "disagg":
-        dec = _mapping(row, "decode_")
-        pre = _mapping(row, "prefill_")
+        dec = realizable(_mapping(row, "decode_"), model)
+        pre = realizable(_mapping(row, "prefill_"), model)
         dw = _int(row.get("decode_num_workers"))
         pw = _int(row.get("prefill_num_workers"))
         dbs = _int(row.get("decode_batch_size"), 0)
@@ -230,7 +249,7 @@ def scenario_from_row(row: dict, configs_dir: str | Path | None) -> Scenario:
     conc = _int(row.get("batch_size"), 0)
     if conc <= 0:
         raise ValueError("batch_size (concurrency) is empty")
-    return Scenario(**common, concurrency=conc, mapping=_mapping(row))
+    return Scenario(**common, concurrency=conc, mapping=realizable(_mapping(row), model))
 
 
 def predict_scenario(sc: Scenario, params: PerfParams | None = None) -> tuple[float, float]:
