@@ -321,6 +321,10 @@ TTFT_WEIGHT = 1.0
 # held-out figures, so 33.9% carries some selection optimism; the fitted values
 # themselves come from the training models of each fold only.
 TTFT_CLIPS = (0.5, 0.7, 1.0, None)
+# Known gap: wide expert parallelism is under-predicted (TPOT of DeepSeek-V3 rows with EP > 16
+# about -32% in-sample; DeepSeek-R1 "tp36"/"tp72" rows of AIConfigurator's sample -30% to -60%).
+# Tried and not kept: a fitted all-to-all latency per peer rank, which gave held-out TPOT 16.4%,
+# Spearman 0.906, TTFT 35.6% (bias -6.1%) against 16.3% / 0.901 / 33.9% without it.
 
 
 def _make(x: list[float], base: PerfParams, names=None) -> PerfParams:
