@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from dataclasses import replace
 
 
 def main() -> int:
@@ -28,7 +27,7 @@ def main() -> int:
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    from meshplan.catalog.gpus import get_gpu
+    from meshplan.catalog.gpus import BLOG_GPU, get_gpu
     from meshplan.catalog.models import get_model
     from meshplan.planner import memory, perf, plan
     from meshplan.planner.search import SearchSpace
@@ -36,7 +35,7 @@ def main() -> int:
 
     import_s = time.perf_counter() - t0
     model = get_model("gpt-moe-1.8t")
-    gpu = replace(get_gpu("gb200"), name="blog-192gb", memory_gib=192e9 / 2**30)
+    gpu = BLOG_GPU
     space = SearchSpace(weight_dtype="fp4", kv_dtype="fp8")
     slo = SLO(ttft_ms=5000, min_tokens_per_s_per_user=20)
     print(f"imports: {import_s:.3f} s")

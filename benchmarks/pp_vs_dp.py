@@ -38,25 +38,23 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 
 def ours(batches: list[int]) -> list[tuple]:
-    from meshplan.catalog.gpus import get_gpu
+    from meshplan.catalog.gpus import BLOG_GPU
     from meshplan.catalog.models import get_model
     from meshplan.planner.perf import predict
     from meshplan.planner.types import Layout, Workload
 
     model = get_model("gpt-moe-1.8t")
-    gpu = replace(get_gpu("gb200"), name="blog-192gb", memory_gib=192e9 / 2**30)
     wl = Workload(isl=1024, osl=256)
     rows = []
     for per_gpu in batches:
         out = []
         for pp in (1, 4):
             # a replica of 16 x pp GPUs holding per_gpu sequences per GPU
-            p = predict(model, gpu, Layout(tp=1, ep=16, pp=pp), wl, weight_dtype="fp4", kv_dtype="fp8",
+            p = predict(model, BLOG_GPU, Layout(tp=1, ep=16, pp=pp), wl, weight_dtype="fp4", kv_dtype="fp8",
                         engine="trtllm", concurrency=per_gpu * 16 * pp)
             out.append((p.tokens_per_s_per_user, p.tokens_per_s_per_gpu, " ".join(p.notes)))
         rows.append((per_gpu, *out))

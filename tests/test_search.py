@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 
-from meshplan.catalog.gpus import get_gpu
+from meshplan.catalog.gpus import BLOG_GPU, get_gpu
 from meshplan.catalog.models import get_model
 from meshplan.planner import memory
 from meshplan.planner.fleet import Fleet, FleetDomain
@@ -13,7 +12,6 @@ from meshplan.planner.types import Layout, MemoryFit, Prediction, Workload
 
 GPT = get_model("gpt-moe-1.8t")
 GB200 = get_gpu("gb200")
-BLOG_GPU = replace(GB200, name="blog-192gb", memory_gib=192e9 / 2**30)   # the blog's "192 GB" GPU
 H100 = get_gpu("h100")
 LLAMA8 = get_model("llama-3.1-8b")
 

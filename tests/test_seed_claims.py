@@ -19,15 +19,13 @@ from dataclasses import replace
 
 import pytest
 
-from meshplan.catalog.gpus import get_gpu
+from meshplan.catalog.gpus import BLOG_GPU
 from meshplan.catalog.models import get_model
 from meshplan.planner import memory
 from meshplan.planner.search import SearchSpace, search
 from meshplan.planner.types import Workload
 
 GPT = get_model("gpt-moe-1.8t")
-# "64 GPUs of 192 GB": a GB200-class GPU with the blog's 192 GB (decimal) of memory.
-BLOG_GPU = replace(get_gpu("gb200"), name="blog-192gb", memory_gib=192e9 / 2**30)
 READING_SPEED = 20.0          # tokens/s/user, the blog's reading speed
 WORKLOAD = Workload(isl=1024, osl=256)
 

@@ -26,7 +26,7 @@ replaced by dashes, e.g. `NVIDIA-H100-80GB-HBM3`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 Family = str  # "ampere" | "hopper" | "blackwell" | "blackwell_ultra" | "ada" | "cdna3"
 
@@ -209,3 +209,9 @@ def get_gpu(name: str) -> GpuSpec:
         f"unknown GPU {name!r}; known: {', '.join(sorted(GPUS))} "
         f"(also plain names like 'h100' and nvidia.com/gpu.product labels like 'NVIDIA-H100-80GB-HBM3')"
     )
+
+
+# The seeds' "64 GPUs of 192 GB" (NVIDIA, "Demystifying AI Inference Deployments for Trillion
+# Parameter LLMs", 2024): a GB200 NVL72 GPU with the blog's 192 GB (decimal) of memory, used by
+# the seed-claim tests and the plan-speed and PP-vs-DP benchmarks.
+BLOG_GPU: GpuSpec = replace(GPUS["gb200"], name="blog-192gb", memory_gib=192e9 / 2**30)
