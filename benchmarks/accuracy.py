@@ -32,10 +32,14 @@ seven models the fit never saw. Nothing of it is stored in this repository.
 from __future__ import annotations
 
 import argparse
+import atexit
+import csv
 import math
 import multiprocessing
 import re
+import shutil
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -124,9 +128,6 @@ AIC_CONFIG_ALIASES = {"zhipuai/GLM-5": "nvidia/GLM-5-NVFP4", "nvidia/DeepSeek-R1
 
 def unseen_aic_rows(aic_root: Path, calib: Path, out: Path) -> int:
     """Write the sample's rows missing from `calib` and their configs to `out`; returns the row count."""
-    import csv
-    import shutil
-
     seen = {r["id"] for r in csv.DictReader((calib / "silicon_calibration.csv").open())}
     with (aic_root / "systems" / "silicon_sample.csv").open() as f:
         reader = csv.DictReader(f)
@@ -136,14 +137,12 @@ def unseen_aic_rows(aic_root: Path, calib: Path, out: Path) -> int:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
-    cfgs = out / "model_configs"
-    cfgs.mkdir()
+    (out / "model_configs").mkdir()
     for mp in sorted({r["model_path"] for r in rows}):
-        for src_name in (mp, AIC_CONFIG_ALIASES.get(mp, mp)):
-            for d in (aic_root / "model_configs", calib / "model_configs"):
-                src = d / (src_name.replace("/", "--") + "_config.json")
-                if src.exists() and not (cfgs / (mp.replace("/", "--") + "_config.json")).exists():
-                    shutil.copy(src, cfgs / (mp.replace("/", "--") + "_config.json"))
+        found = [d / cal.config_name(name) for name in (mp, AIC_CONFIG_ALIASES.get(mp, mp))
+                 for d in (aic_root / "model_configs", calib / "model_configs") if (d / cal.config_name(name)).exists()]
+        if found:
+            shutil.copy(found[0], out / "model_configs" / cal.config_name(mp))
     return len(rows)
 
 
@@ -161,15 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     data = args.data or cal.default_data_dir()
     if args.aic_sample is not None:
-        import tempfile
-
         if not (args.aic_sample / "systems" / "silicon_sample.csv").exists():
             print(f"no systems/silicon_sample.csv under {args.aic_sample}: pass the aiconfigurator_core "
                   "package directory of `pip install aiconfigurator==0.12.0`", file=sys.stderr)
             return 2
-        import atexit
-        import shutil
-
         tmp = Path(tempfile.mkdtemp(prefix="meshplan-aic-"))
         atexit.register(shutil.rmtree, tmp, True)
         n = unseen_aic_rows(args.aic_sample, data, tmp)

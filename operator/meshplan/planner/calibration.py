@@ -184,6 +184,11 @@ def realizable(m: ReplicaMapping, model: ModelArch) -> ReplicaMapping:
     return ReplicaMapping(attn_tp=tp, attn_dp=adp, moe_tp=mtp, moe_ep=mep, pp=m.pp)
 
 
+def config_name(model_path: str) -> str:
+    """The config.json file name of `org/name` in a model-configs directory: `org--name_config.json`."""
+    return model_path.replace("/", "--") + "_config.json"
+
+
 _MODEL_CACHE: dict[tuple[str, str], ModelArch] = {}
 
 
@@ -194,7 +199,7 @@ def load_model(model_path: str, configs_dir: str | Path | None) -> ModelArch:
         return _MODEL_CACHE[key]
     arch = None
     if configs_dir:
-        f = Path(configs_dir) / (model_path.replace("/", "--") + "_config.json")
+        f = Path(configs_dir) / config_name(model_path)
         if f.exists():
             arch = load_hf_config(f, name=model_path)
     if arch is None:
@@ -202,7 +207,7 @@ def load_model(model_path: str, configs_dir: str | Path | None) -> ModelArch:
             arch = get_model(model_path)
         except KeyError:
             raise KeyError(f"no config for model_path {model_path!r}: expected "
-                           f"{Path(configs_dir or '.') / (model_path.replace('/', '--') + '_config.json')}")
+                           f"{Path(configs_dir or '.') / config_name(model_path)}")
     _MODEL_CACHE[key] = arch
     return arch
 
