@@ -77,7 +77,7 @@ def aic_config() -> dict:
     }
 
 
-_FIELDS = {"tpot": r"TPOT:\s+([\d.,]+)", "gpu": r"tokens/s/gpu:\s+([\d.,]+)",
+_FIELDS = {"gpu": r"tokens/s/gpu:\s+([\d.,]+)",
            "user": r"tokens/s/user:\s+([\d.,]+)", "mem": r"Memory \(GPU\):\s+([\d.,]+)"}
 
 
