@@ -224,6 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         summarise("agg rows only", agg, n_agg)
         dis = [x for x in pooled if x[0].mapping is None]
         summarise("disagg rows only", dis, len(items) - n_agg)
+        # rows that record no decode worker count are predicted as one worker of each kind
+        counted = {r.get("id") for r, _, _ in items if (r.get("decode_num_workers") or "").strip()}
+        n_counted = sum(1 for r, _, _ in items if r.get("id") in counted)
+        if 0 < n_counted < len(items) - n_agg:
+            summarise("  with worker counts", [x for x in dis if x[0].id in counted], n_counted)
+            summarise("  without (1 assumed)", [x for x in dis if x[0].id not in counted],
+                      len(items) - n_agg - n_counted)
     reasons = defaultdict(int)
     for _, err in pooled_failed:
         reasons[err.split(":")[0][:90]] += 1
