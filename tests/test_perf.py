@@ -193,3 +193,26 @@ def test_ttft_stage_loss_is_relative_error_capped():
     clipped = cal.loss(both, FITTED_PARAMS, tpot_weight=0.0, ttft_weight=1.0, clip=0.7)
     assert plain == pytest.approx((math.log(1.2) + math.log(100.0)) / 2)
     assert clipped == pytest.approx((0.2 + 0.7) / 2)
+
+
+def _smeared_tpot(model, gpu, layout, isl, osl, conc, weight_dtype):
+    """TPOT if the other requests' prefill were spread evenly over every decode step."""
+    m = perf.as_mapping(layout)
+    st = perf._stage(model, gpu, m, weight_dtype, "fp8")
+    d = conc / m.attn_dp
+    return perf.iteration_ms(model, st, m, FITTED_PARAMS, d, isl + osl / 2, d * isl / osl, isl / 2)
+
+
+def test_other_requests_prompts_land_as_whole_prompts_not_spread_over_every_step():
+    # Sparse MoE at 4 sequences: a step with a whole 8,192-token prompt touches every expert,
+    # but most steps carry none and touch ~30 of 256; spreading 32 prompt tokens over every
+    # step would make each of them touch ~170 experts.
+    moe = _p(model=DS, gpu=B200, layout=Layout(tp=4), isl=8192, osl=1024, conc=4, weight_dtype="fp4",
+             engine="trtllm")
+    moe_smeared = _smeared_tpot(DS, B200, Layout(tp=4), 8192, 1024, 4, "fp4")
+    assert moe.tpot_ms < 0.8 * moe_smeared
+    # Dense and memory-bound: a few spread tokens would ride free in every step, but the
+    # steps that carry a whole prompt are compute-bound, so the true mean is higher.
+    dense = _p(isl=8192, osl=256, conc=8, engine="trtllm")
+    dense_smeared = _smeared_tpot(LLAMA70, H100, Layout(tp=4), 8192, 256, 8, "fp8")
+    assert dense.tpot_ms > 1.05 * dense_smeared

@@ -94,15 +94,32 @@ def test_tp4ep4pp4_doubles_throughput_of_tp64_at_no_less_interactivity():
     assert best.prediction.tokens_per_s_per_gpu >= 2.0 * t.tokens_per_s_per_gpu, (best.prediction, t)
 
 
-def test_best_chunk_for_tp2ep16pp2_at_reading_speed_is_between_512_and_2048():
+CHUNK = ("with other requests' prompts priced as whole chunks landing in a share of the decode steps "
+         "(perf._core), a 256-token chunk packs them into the memory-bound slack of TP2EP16PP2's steps and "
+         "edges out 512 (398.8 against 390.4 tokens/s/GPU at 1,024 sequences, 24.9 and 24.4 tokens/s/user); "
+         "the claim held before only as a tie of every chunk >= 256")
+
+
+def _best_by_chunk():
     cands = curve(2, 16, 2)
     by_chunk = {}
     for chunk in sorted({c.chunk_size for c in cands}):
         b = best_at([c for c in cands if c.chunk_size == chunk], READING_SPEED)
         if b is not None:
             by_chunk[chunk] = b.prediction.tokens_per_s_per_gpu
+    return by_chunk
+
+
+@pytest.mark.xfail(strict=True, reason=CHUNK)
+def test_best_chunk_for_tp2ep16pp2_at_reading_speed_is_between_512_and_2048():
+    by_chunk = _best_by_chunk()
     in_range = max(v for k, v in by_chunk.items() if 512 <= k <= 2048)
-    # the best throughput at reading speed is reached inside 512..2048 (ties with larger chunks allowed) ...
+    # the best throughput at reading speed is reached inside 512..2048 (ties with larger chunks allowed)
     assert all(in_range >= v for v in by_chunk.values()), by_chunk
-    # ... and a small chunk (128) is clearly worse: it cannot keep up with the batch's prefill
-    assert by_chunk[128] < 0.95 * in_range, by_chunk
+
+
+def test_a_128_token_chunk_cannot_keep_up_with_tp2ep16pp2s_prefill_at_reading_speed():
+    """The half of the chunk claim that holds: 128 tokens cannot carry the batch's prefill at 1,024 sequences
+    (the budget admits fewer), so it gives the least throughput of every chunk size."""
+    by_chunk = _best_by_chunk()
+    assert all(by_chunk[128] < v for k, v in by_chunk.items() if k != 128), by_chunk

@@ -75,7 +75,7 @@ from meshplan.planner.perf import PerfParams
 from meshplan.planner.types import Workload
 
 # Fitted by `python benchmarks/accuracy.py --fit` (see module docstring).
-FITTED_PARAMS = PerfParams(gemm_eff=0.5602, mem_eff=0.7538, attn_eff=0.5813, moe_eff=1, layer_us=44.05, iter_ms=0.0258, comm_eff=0.4144, comm_us=12.18, nic_us=36.43, ttft_iters=7.375, wave=0.05789, wave_prefill_first=0.3701, wave_budget_first=0.03431, interference=1, moe_gemm_eff=0.3296)
+FITTED_PARAMS = PerfParams(gemm_eff=0.6476, mem_eff=0.9668, attn_eff=0.7282, moe_eff=0.6083, layer_us=61.06, iter_ms=0.02317, comm_eff=0.4126, comm_us=6.449, nic_us=32.48, ttft_iters=7.474, wave=0.05802, wave_prefill_first=0.3975, wave_budget_first=0.03608, interference=1, moe_gemm_eff=0.2593)
 
 MAX_MEMORY_FRACTION = 0.96             # highest memory fraction we assume an operator set
 

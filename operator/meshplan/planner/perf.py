@@ -421,10 +421,22 @@ def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: in
     micro = min(m.pp, b_run)                        # pipeline microbatches in flight
     d = b_run / ranks / micro                       # decode tokens per rank per stage step
     ctx = isl + osl / 2.0
-    # other requests' prefill landing in decode iterations (steady state)
-    p_avg = min(max(chunk - d, 0.0), q.interference * d * isl / osl)
+    # other requests' prefill landing in decode iterations (steady state): d * ISL / OSL
+    # tokens per rank per iteration on average, but they arrive as whole prompts (or
+    # chunks of one), not spread thinly: a share f of the iterations carries p_one
+    # prefill tokens and the rest are decode-only. Spreading them evenly would
+    # under-price dense models (a memory-bound step absorbs a few extra tokens for
+    # free) and over-price MoE models (a few extra tokens touch many more experts).
+    room = max(chunk - d, 0.0)
+    p_avg = min(room, q.interference * d * isl / osl)
+    p_one = min(room, float(isl))
     pctx = isl / 2.0
-    stage = iteration_ms(model, st, m, q, d, ctx, p_avg, pctx)
+    if p_avg <= 0.0 or p_one <= p_avg:
+        stage = iteration_ms(model, st, m, q, d, ctx, p_avg, pctx)
+    else:
+        f = p_avg / p_one
+        stage = ((1.0 - f) * iteration_ms(model, st, m, q, d, ctx, 0.0, pctx)
+                 + f * iteration_ms(model, st, m, q, d, ctx, p_one, pctx))
     hop_ms = 0.0
     if m.pp > 1:
         hop_ms = (d * model.hidden_size * st.act_bytes / (st.pp_bw * q.comm_eff) + 10e-6) * 1e3
