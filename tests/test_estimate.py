@@ -111,3 +111,25 @@ def test_a_recorded_layout_no_engine_can_run_is_read_as_attention_dp_and_expert_
     assert odd.gpus == 36
     runnable = ReplicaMapping(attn_tp=8, attn_dp=1, moe_tp=1, moe_ep=8, pp=2)
     assert realizable(runnable, ds) is runnable
+
+
+def test_with_attention_dp_batch_size_counts_one_ranks_requests():
+    """AIConfigurator's agg rows give batch_size per attention-DP rank (its run_agg:
+    global_bs = bs * attention_dp_size); the replica serves batch_size x attention_dp_size."""
+    from meshplan.planner.calibration import scenario_from_row
+    from meshplan.planner.perf import predict
+    from meshplan.planner.types import Workload
+
+    base = dict(model_path="deepseek-ai/DeepSeek-V3", system="h200_sxm", backend="trtllm", gemm_quant_mode="fp8",
+                moe_quant_mode="fp8", tp_size="1", moe_tp_size="1", moe_ep_size="8")
+    adp = scenario_from_row(_row(id="adp", batch_size="16", attention_dp_size="8", **base), None)
+    tp = scenario_from_row(_row(id="tp", batch_size="16", **{**base, "tp_size": "8"}), None)
+    assert adp.concurrency == 128 and tp.concurrency == 16
+    assert adp.mapping.attn_dp == 8 and tp.mapping.attn_dp == 1
+    # 16 requests on each of 8 ranks cost more per step than 16 requests in all
+    wl = Workload(isl=1024, osl=256)
+    slow = predict(adp.model, adp.gpu, adp.mapping, wl, weight_dtype="fp8", kv_dtype="fp8", engine="trtllm",
+                   concurrency=adp.concurrency)
+    fast = predict(adp.model, adp.gpu, adp.mapping, wl, weight_dtype="fp8", kv_dtype="fp8", engine="trtllm",
+                   concurrency=16)
+    assert slow.tpot_ms > fast.tpot_ms

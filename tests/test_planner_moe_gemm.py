@@ -10,6 +10,7 @@ from meshplan.catalog.models import get_model
 from meshplan.planner import perf
 from meshplan.planner.calibration import FITTED_PARAMS, TTFT_ONLY
 from meshplan.planner.memory import ReplicaMapping
+from meshplan.planner.perf import PerfParams
 
 H200 = get_gpu("h200_sxm")
 DS = get_model("deepseek-v3")
@@ -24,8 +25,9 @@ def _iter_ms(model, mapping, params, *, d, p):
 
 
 def test_grouped_gemm_efficiency_slows_prefill_not_small_decode_steps():
-    fast = FITTED_PARAMS.with_values(moe_gemm_eff=1.0)
-    slow = FITTED_PARAMS.with_values(moe_gemm_eff=0.2)
+    # the physical starting guesses, not the fitted values, so a refit cannot move the margin
+    fast = PerfParams().with_values(moe_gemm_eff=1.0)
+    slow = PerfParams().with_values(moe_gemm_eff=0.2)
     # a prefill chunk of 8192 tokens is compute-bound in the experts
     assert _iter_ms(DS, EP8, slow, d=0, p=8192) > 1.5 * _iter_ms(DS, EP8, fast, d=0, p=8192)
     # a decode step of 4 sequences reads a few experts: the GEMM rate does not matter
