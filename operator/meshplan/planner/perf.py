@@ -27,9 +27,13 @@ Algorithm (facts in ../shared/docs/planner.md, "Time" and "Communication"):
    KV capacity, token budget)` sequences (the token budget: a chunk of C tokens
    per iteration sustains at most C * OSL / (ISL + OSL) decoding sequences per
    rank, since each iteration must also carry their successors' prefill). In steady state each finished request is replaced,
-   so on average every iteration also carries `B_run * ISL / OSL` prefill tokens
+   so on average an iteration also carries `B_run * ISL / OSL` prefill tokens
    (capped by the chunk budget): other requests' prefill lands in decode steps
-   and lengthens TPOT. With PP the sequences split into `min(PP, B)` microbatches
+   and lengthens TPOT. They land as whole prompts (or chunks of one): a share
+   of the iterations carries `min(chunk, ISL)` prefill tokens, the rest are
+   decode-only, and TPOT is the mean (spreading them evenly would let a dense,
+   memory-bound step absorb them free and make a sparse MoE step touch many
+   more experts than any real step does). With PP the sequences split into `min(PP, B)` microbatches
    that rotate through the stages: a token crosses all stages (TPOT = sum of
    stage times + PP hops), throughput is B tokens per TPOT.
 3. PREFILL (TTFT) has three parts:
