@@ -331,9 +331,13 @@ TTFT_WEIGHT = 1.0
 # 27.3 -> 24.8). That structure was kept from about ten variants compared on these
 # held-out figures, so 33.9% carries some selection optimism; the fitted values
 # themselves come from the training models of each fold only.
+# Since then: prompts priced whole in a share of the steps, then batch_size x attention_dp_size
+# read: held-out TTFT 33.6%, then 33.4% (bias -7.3%).
 TTFT_CLIPS = (0.5, 0.7, 1.0, None)
-# Known gap: wide expert parallelism is under-predicted (TPOT of DeepSeek-V3 rows with EP > 16
-# about -32% in-sample; DeepSeek-R1 "tp36"/"tp72" rows of AIConfigurator's sample -30% to -60%).
+# Known gap: wide expert parallelism is under-predicted (median TPOT bias of the aggregated
+# DeepSeek-V3 rows with EP > 16: -32% in-sample at first, -20% since prompts are priced whole
+# and batch_size x attention_dp_size is read; DeepSeek-R1 "tp36"/"tp72" rows of
+# AIConfigurator's sample -47%).
 # Tried and not kept: a fitted all-to-all latency per peer rank, which gave held-out TPOT 16.4%,
 # Spearman 0.906, TTFT 35.6% (bias -6.1%) against 16.3% / 0.901 / 33.9% without it.
 # Tried and not kept (after batch_size x attention_dp_size): attention-DP ranks stalling
