@@ -216,3 +216,18 @@ def test_other_requests_prompts_land_as_whole_prompts_not_spread_over_every_step
     dense = _p(isl=8192, osl=256, conc=8, engine="trtllm")
     dense_smeared = _smeared_tpot(LLAMA70, H100, Layout(tp=4), 8192, 256, 8, "fp8")
     assert dense.tpot_ms > 1.05 * dense_smeared
+
+
+def test_all_to_all_latency_grows_with_the_peers_it_signals():
+    """Dispatch and combine signal every peer EP rank: each MoE layer pays 2 x a2a_peer_us per peer."""
+    q0 = FITTED_PARAMS.with_values(a2a_peer_us=0.0)
+    q1 = FITTED_PARAMS.with_values(a2a_peer_us=2.0)
+    extra = {}
+    for ep in (8, 64):
+        m = ReplicaMapping(attn_tp=1, attn_dp=ep, moe_tp=1, moe_ep=ep)
+        st = perf._stage(DS, B200, m, "fp4", "fp8")
+        extra[ep] = (perf.iteration_ms(DS, st, m, q1, 4, 2048, 0, 0)
+                     - perf.iteration_ms(DS, st, m, q0, 4, 2048, 0, 0))
+    assert extra[8] == pytest.approx(DS.moe_layers * 2 * 2.0e-3 * 7)
+    assert extra[64] == pytest.approx(DS.moe_layers * 2 * 2.0e-3 * 63)
+    assert FITTED_PARAMS.a2a_peer_us > 0

@@ -96,7 +96,7 @@ def test_tp4ep4pp4_doubles_throughput_of_tp64_at_no_less_interactivity():
 
 CHUNK = ("with other requests' prompts priced as whole chunks landing in a share of the decode steps "
          "(perf._core), a 256-token chunk packs them into the memory-bound slack of TP2EP16PP2's steps and "
-         "edges out 512 (389.6 against 382.2 tokens/s/GPU at 1,024 sequences, 24.4 and 23.9 tokens/s/user); "
+         "edges out 512 (358.0 against 351.8 tokens/s/GPU at 1,024 sequences, 22.4 and 22.0 tokens/s/user); "
          "the claim held before only as a tie of every chunk >= 256")
 
 

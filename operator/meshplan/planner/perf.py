@@ -17,7 +17,8 @@ Algorithm (facts in ../shared/docs/planner.md, "Time" and "Communication"):
      `gemm_eff` of peak (many small GEMMs: an op kind of its own, fitted on
      TTFT since prefill is where experts compute);
    - communication: TP all-reduce (ring, 2 per layer), EP dispatch + combine
-     (all-to-all), each over NVLink while the group fits the NVLink domain; beyond
+     (all-to-all, whose latency also grows with the peers it signals,
+     `a2a_peer_us` per EP rank), each over NVLink while the group fits the NVLink domain; beyond
      it an all-to-all sends the share of traffic that leaves the domain through
      each GPU's own NIC, while an all-reduce's rings spread over all the domain's
      NICs (`_allreduce_bw`); each with a per-collective latency;
@@ -94,6 +95,11 @@ class PerfParams:
     wave_prefill_first: float = 0.5  # the same for prefill-first schedulers (SGLang's default)
     wave_budget_first: float = 0.1   # the same for vLLM V1 (fills each step's token budget with waiting prefills)
     interference: float = 1.0    # share of others' prefill tokens that lands in decode iterations
+    a2a_peer_us: float = 0.5     # all-to-all latency added per peer EP rank (µs), on top of comm_us / nic_us:
+                                 # a dispatch or combine signals every peer. DeepEP's published low-latency
+                                 # kernels (README table, H800 + CX7, 128 tokens) grow ~1.7 µs per added peer
+                                 # in dispatch (77 µs at EP8, 173 µs at EP64) and ~3.6 µs in combine
+                                 # (114 -> 314 µs)
 
     def with_values(self, **kw) -> "PerfParams":
         return PerfParams(**{**self.__dict__, **kw})
@@ -313,7 +319,7 @@ def iteration_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams,
             tok_gpu = T / m.attn_tp
             a2a = tok_gpu * k * model.hidden_size * (st.dispatch_bytes + st.act_bytes) * (m.moe_ep - 1) / m.moe_ep
             lat = q.nic_us if st.ep_cross else q.comm_us
-            t += st.n_moe * (a2a / (st.ep_bw * q.comm_eff) + 2 * lat * 1e-6)
+            t += st.n_moe * (a2a / (st.ep_bw * q.comm_eff) + 2 * (lat + q.a2a_peer_us * (m.moe_ep - 1)) * 1e-6)
     # TP all-reduce: after attention and after FFN
     if m.attn_tp > 1:
         n = m.attn_tp
