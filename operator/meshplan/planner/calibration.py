@@ -343,6 +343,9 @@ TTFT_CLIPS = (0.5, 0.7, 1.0, None)
 # (bias -4.9%) against 14.4% / 0.913 / 33.4%; on AIConfigurator's 1,866 unseen aggregated rows
 # 17.2% / 0.885 / 33.1% against 17.0% / 0.882 / 33.4%; the R1 tp36/tp72 bias -47% -> -1%, the
 # V3 EP > 16 bias -20% -> -18%. Fitted 1.6 µs per peer, the order of DeepEP's published growth.
+# Tried and not kept (after the per-peer latency): an extra fitted cost per layer in steps that
+# carry prompt tokens (engines replay CUDA graphs for decode-only steps and launch mixed steps
+# kernel by kernel). Held-out 14.2% / 0.917 / 35.7% against 13.5% / 0.923 / 33.2% without it.
 # Tried and not kept (after batch_size x attention_dp_size): attention-DP ranks stalling
 # together when a prompt lands on ANY of them (they meet at every MoE all-to-all). Held-out
 # 13.7% / 0.920 / 31.4% against 14.4% / 0.913 / 33.4% without it, but on AIConfigurator's
