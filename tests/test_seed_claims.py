@@ -123,3 +123,5 @@ def test_a_128_token_chunk_cannot_keep_up_with_tp2ep16pp2s_prefill_at_reading_sp
     (the budget admits fewer), so it gives the least throughput of every chunk size."""
     by_chunk = _best_by_chunk()
     assert all(by_chunk[128] < v for k, v in by_chunk.items() if k != 128), by_chunk
+    # clearly worse than the claimed range, by the original claim test's margin
+    assert by_chunk[128] < 0.95 * max(v for k, v in by_chunk.items() if 512 <= k <= 2048), by_chunk

@@ -31,7 +31,7 @@ Algorithm (facts in ../shared/docs/planner.md, "Time" and "Communication"):
    so on average an iteration also carries `B_run * ISL / OSL` prefill tokens
    (capped by the chunk budget): other requests' prefill lands in decode steps
    and lengthens TPOT. They land as whole prompts (or chunks of one): a share
-   of the iterations carries `min(chunk, ISL)` prefill tokens, the rest are
+   of the iterations carries `min(chunk - decodes, ISL)` prefill tokens, the rest are
    decode-only, and TPOT is the mean (spreading them evenly would let a dense,
    memory-bound step absorb them free and make a sparse MoE step touch many
    more experts than any real step does). With PP the sequences split into `min(PP, B)` microbatches
