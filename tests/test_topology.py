@@ -30,11 +30,38 @@ def test_free_gpus_subtract_requests_of_bound_unfinished_pods():
     assert topo.total_gpus == 16 and topo.free_gpus == 10
 
 
+OWNER = {"apiVersion": "meshplan.dev/v1alpha1", "kind": "LLMDeployment", "name": "x", "uid": "u-1",
+         "controller": True, "blockOwnerDeletion": True}
+
+
+def _owned(pod: dict, owner: dict = OWNER) -> dict:
+    pod["metadata"]["ownerReferences"] = [dict(owner)]
+    return pod
+
+
 def test_gated_pod_with_assigned_node_reserves_gpus():
-    pod = gpu_pod("gated", None, 4, phase="Pending", annotations={ASSIGNED_NODE_ANNOTATION: "hgx-1"})
+    pod = _owned(gpu_pod("gated", None, 4, phase="Pending", annotations={ASSIGNED_NODE_ANNOTATION: "hgx-1"}))
     assert pod_gpu_usage(pod) == ("hgx-1", 4)
     topo = build_topology(hgx_h100(2), [pod])
     assert topo.nodes["hgx-1"].free_gpus == 4
+
+
+def test_only_the_operators_own_pods_reserve_through_the_annotation():
+    """Issue 17 finding 4: anyone's pod with the annotation and a GPU limit was a reservation."""
+    spoofed = [
+        gpu_pod("plain", None, 8, phase="Pending", annotations={ASSIGNED_NODE_ANNOTATION: "hgx-0"}),
+        _owned(gpu_pod("other-kind", None, 8, phase="Pending", annotations={ASSIGNED_NODE_ANNOTATION: "hgx-1"}),
+               {**OWNER, "apiVersion": "apps/v1", "kind": "ReplicaSet"}),
+        _owned(gpu_pod("not-controller", None, 8, phase="Pending",
+                       annotations={ASSIGNED_NODE_ANNOTATION: "hgx-2"}), {**OWNER, "controller": False}),
+    ]
+    assert [pod_gpu_usage(p) for p in spoofed] == [None, None, None]
+    assert build_topology(hgx_h100(3), spoofed).free_gpus == 24
+    # an owned pod of a namespace the operator does not serve: no reservation either
+    owned = _owned(gpu_pod("owned", None, 4, phase="Pending", annotations={ASSIGNED_NODE_ANNOTATION: "hgx-0"}))
+    assert pod_gpu_usage(owned, reservations=False) is None
+    # bound and running, any pod's GPUs are usage (whoever owns it)
+    assert pod_gpu_usage(gpu_pod("bound", "hgx-0", 8, annotations={ASSIGNED_NODE_ANNOTATION: "hgx-1"})) == ("hgx-0", 8)
 
 
 def test_ignore_pod_leaves_own_pods_out():

@@ -38,7 +38,12 @@ sidecar containers, largest plain init container); per container the
 default their request to the limit). A pod rendered by meshplan but not yet bound
 (held back by its scheduling gate) carries the annotation `ASSIGNED_NODE_ANNOTATION`
 and reserves its GPUs on that node, so two deployments planned one after the other
-never count the same free GPUs twice.
+never count the same free GPUs twice. Only the operator's own pods reserve: the
+annotation counts on a pod whose controlling ownerReference is an LLMDeployment
+(`meshplan.dev/*`, kind `LLMDeployment`), and only where the operator serves the
+namespace (`pod_gpu_usage(pod, reservations=False)` elsewhere). Anyone else's pod
+with the annotation (issue 17, finding 4: three such pods in another namespace made a
+deployment InsufficientCapacity with 24 GPUs free) is usage only once bound.
 
 NVLink domains (the rule placement honours)
 - Nodes sharing a `nvidia.com/gpu.clique` value form one domain (multi-node NVLink,
@@ -235,15 +240,29 @@ def pod_gpus(pod: Mapping[str, Any]) -> int:
     return max(app + sidecars, plain_init)
 
 
-def pod_gpu_usage(pod: Mapping[str, Any]) -> tuple[str, int] | None:
-    """(node name, GPUs) a pod holds or reserves, or None when it holds none."""
+def owned_by_llmdeployment(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's controlling ownerReference is an LLMDeployment (what meshplan renders)."""
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or ():
+        if (isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("kind") == "LLMDeployment"
+                and str(ref.get("apiVersion", "")).startswith("meshplan.dev/") and ref.get("uid")):
+            return True
+    return False
+
+
+def pod_gpu_usage(pod: Mapping[str, Any], reservations: bool = True) -> tuple[str, int] | None:
+    """(node name, GPUs) a pod holds or reserves, or None when it holds none.
+
+    A bound pod holds GPUs on its node. An unbound one reserves them through
+    `ASSIGNED_NODE_ANNOTATION` only when it is the operator's own (see the module
+    doc): `reservations` is True for pods of served namespaces, and the pod must be
+    controlled by an LLMDeployment."""
     status = pod.get("status") or {}
     if status.get("phase") in ("Succeeded", "Failed"):
         return None
     spec = pod.get("spec") or {}
-    node = spec.get("nodeName") or ((pod.get("metadata") or {}).get("annotations") or {}).get(
-        ASSIGNED_NODE_ANNOTATION
-    )
+    node = spec.get("nodeName")
+    if not node and reservations and owned_by_llmdeployment(pod):
+        node = ((pod.get("metadata") or {}).get("annotations") or {}).get(ASSIGNED_NODE_ANNOTATION)
     if not node:
         return None
     gpus = pod_gpus(pod)

@@ -327,7 +327,7 @@ class ForeignUsage:
         for p in pods:
             if self.served_namespace((p.get("metadata") or {}).get("namespace", "")):
                 continue
-            u = pod_gpu_usage(p)
+            u = pod_gpu_usage(p, reservations=False)    # not served: bound pods only (finding 4)
             if u is not None:
                 out.append(u)
         self.by_node = out
