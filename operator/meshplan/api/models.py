@@ -790,8 +790,16 @@ class AutoscalingSpec(ApiModel):
     max_replicas: int | None = Field(
         default=None, ge=1, le=10000, description="Most replicas. Required when enabled: it is the cost ceiling."
     )
+    prometheus: str | None = _str(
+        "Name of the Prometheus endpoint to query, one of those the cluster admin allows (chart value "
+        "prometheusEndpoints; `meshplan run --prometheus-endpoint NAME=URL`). Default: the operator's "
+        "default endpoint (chart value prometheusUrl), named `default`.",
+        63, DNS_LABEL_RE, default=None,
+    )
     prometheus_url: str | None = _str(
-        "Prometheus base URL (http(s)://host:port). Default: the operator's --prometheus-url setting.",
+        "Prometheus base URL (http(s)://host:port). Accepted only when it is exactly the URL of an endpoint the "
+        "cluster admin allows (then it stands for that endpoint; prefer spec.autoscaling.prometheus); any other "
+        "URL is refused (ScalingActive=False, PrometheusNotAllowed). Default: the operator's default endpoint.",
         2048, r"^https?://[^\s@]+$", default=None,
     )
     up_window_seconds: int = Field(

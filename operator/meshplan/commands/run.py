@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 
@@ -42,6 +43,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--prometheus-url", metavar="URL", default=os.environ.get("MESHPLAN_PROMETHEUS_URL"),
                    help="Prometheus the autoscaler queries when spec.autoscaling.prometheusUrl is unset "
                         "(default: $MESHPLAN_PROMETHEUS_URL)")
+    p.add_argument("--prometheus-endpoint", metavar="NAME=URL", action="append",
+                   help="a Prometheus endpoint LLMDeployments may pick by name (spec.autoscaling.prometheus); "
+                        "repeatable; --prometheus-url is the one named 'default'; no other URL is ever queried "
+                        "(default: $MESHPLAN_PROMETHEUS_ENDPOINTS, NAME=URL entries separated by commas, or JSON)")
     p.add_argument("--verbose", "-v", action="store_true")
     p.set_defaults(func=run)
 
@@ -62,6 +67,13 @@ def run(args: argparse.Namespace) -> int:
     handlers.OPTIONS.priority = args.priority
     handlers.OPTIONS.resync_s = args.resync_seconds
     autoscaling.DEFAULT_PROMETHEUS_URL = args.prometheus_url
+    if args.prometheus_endpoint:
+        autoscaling.PROMETHEUS_ENDPOINTS = list(args.prometheus_endpoint)
+    try:
+        autoscaling.parse_endpoints(autoscaling.PROMETHEUS_ENDPOINTS, args.prometheus_url)
+    except autoscaling.EndpointError as exc:
+        print(f"meshplan run: {exc} (--prometheus-endpoint / --prometheus-url)", file=sys.stderr)
+        return 2
     if args.metrics_port:
         from meshplan import metrics
 

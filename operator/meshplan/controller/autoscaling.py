@@ -60,6 +60,18 @@ reason changes (a window starts or ends with it) and at least every
 STATUS_REFRESH_S, so what a restart can lose is a window (which only delays
 a change, never hastens one) or an estimate's drift since the last write.
 
+Which Prometheus (issue 17, finding 2: the URL was fetched as given, any host)
+The cluster admin lists the endpoints: `meshplan run --prometheus-endpoint
+NAME=URL` (repeatable; `$MESHPLAN_PROMETHEUS_ENDPOINTS`, the chart's
+`prometheusEndpoints`), plus `--prometheus-url` as the endpoint named
+`default`. A CR picks one by name (`spec.autoscaling.prometheus`) or gets the
+default; `spec.autoscaling.prometheusUrl` is kept for existing manifests but
+only when it is exactly the URL of an allowed endpoint (it then stands for that
+endpoint); any other name or URL is ScalingActive=False/PrometheusNotAllowed
+naming the field and the allowed names, and nothing is fetched. The fetch
+itself follows no redirect, is bounded in time and size, and puts nothing of
+the response into status (`autoscale.source`).
+
 With autoscaling disabled nothing here runs: `spec.replicas` (the scale
 subresource, `kubectl scale`, HPA, KEDA) rules.
 """
@@ -104,6 +116,8 @@ from meshplan.render.workloads import LABEL_DEPLOYMENT
 log = logging.getLogger("meshplan.autoscaler")
 
 DEFAULT_PROMETHEUS_URL: str | None = os.environ.get("MESHPLAN_PROMETHEUS_URL") or None
+# the admin's allowed endpoints (NAME=URL entries or JSON; `parse_endpoints`), set by `meshplan run`
+PROMETHEUS_ENDPOINTS: list[str] | str | None = os.environ.get("MESHPLAN_PROMETHEUS_ENDPOINTS") or None
 PROMETHEUS_TIMEOUT_S = 5.0
 MIN_INTERVAL_S, MAX_INTERVAL_S = 1.0, 15.0
 MIN_RATE_WINDOW_S, MAX_RATE_WINDOW_S = 30.0, 120.0
@@ -113,9 +127,109 @@ LOOP_TICK_S = 0.5
 CONCURRENT_EVALUATIONS = 8
 INVALID_AUTOSCALING = "InvalidAutoscaling"
 NO_PLAN = "NoPlan"
+PROMETHEUS_NOT_ALLOWED = "PrometheusNotAllowed"
+DEFAULT_ENDPOINT = "default"
+_ENDPOINT_NAME_RE = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 
 
 # ----------------------------------------------------------------------------- pure parts
+
+
+class EndpointError(ValueError):
+    """An admin's endpoint list that cannot be used (raised at startup, naming the entry)."""
+
+
+def endpoint_url_problem(url: str) -> str | None:
+    """Why an admin's Prometheus URL is not usable as a base URL, or None: http(s), a host, no
+    credentials, no query or fragment (a `?`/`#` would let the query path be steered)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port     # raises on a malformed port
+    except ValueError as exc:
+        return f"{url!r} is not a URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r} is not an http(s)://host[:port][/path] URL"
+    if "@" in parts.netloc:
+        return f"{url!r} carries credentials; pass them another way"
+    if "?" in url or "#" in url:
+        return f"{url!r} has a query or fragment ('?', '#'); give the base URL only"
+    if any(c.isspace() or ord(c) < 0x20 for c in url):
+        return f"{url!r} contains whitespace or control characters"
+    return None
+
+
+def parse_endpoints(entries: list[str] | str | None, default_url: str | None = None) -> dict[str, str]:
+    """The allowed endpoints, name -> base URL (no trailing '/'), from `NAME=URL` entries (a list, or
+    one string separated by commas or whitespace, or a JSON object/list of {name, url}), plus
+    `default_url` as `default`. Raises EndpointError naming the bad entry."""
+    import json
+    import re
+
+    items: list[tuple[str, str]] = []
+    if isinstance(entries, str):
+        text = entries.strip()
+        if text.startswith(("{", "[")):
+            try:
+                doc = json.loads(text)
+            except ValueError as exc:
+                raise EndpointError(f"prometheus endpoints: not JSON ({exc})") from None
+            if isinstance(doc, dict):
+                items = [(str(k), str(v)) for k, v in doc.items()]
+            elif isinstance(doc, list) and all(isinstance(e, dict) for e in doc):
+                items = [(str(e.get("name", "")), str(e.get("url", ""))) for e in doc]
+            else:
+                raise EndpointError("prometheus endpoints: expected an object {name: url} or a list of {name, url}")
+            entries = None
+        else:
+            entries = [e for e in re.split(r"[,\s]+", text) if e]
+    for e in entries or ():
+        name, sep, url = e.partition("=")
+        if not sep:
+            raise EndpointError(f"prometheus endpoint {e!r}: expected NAME=URL")
+        items.append((name.strip(), url))
+    if default_url:
+        items.append((DEFAULT_ENDPOINT, default_url))
+    out: dict[str, str] = {}
+    for name, url in items:
+        if not re.fullmatch(_ENDPOINT_NAME_RE, name) or len(name) > 63:
+            raise EndpointError(f"prometheus endpoint name {name!r}: use a DNS label (a-z, 0-9, '-', <= 63)")
+        problem = endpoint_url_problem(url)
+        if problem:
+            raise EndpointError(f"prometheus endpoint {name!r}: {problem}")
+        url = url.rstrip("/")
+        if name in out and out[name] != url:
+            raise EndpointError(f"prometheus endpoint {name!r} is given twice with different URLs")
+        out[name] = url
+    return out
+
+
+def resolve_prometheus(autoscaling: Any, endpoints: Mapping[str, str]) -> tuple[str, str] | str:
+    """(endpoint name, base URL) a deployment's autoscaler queries, or why none (a message naming the
+    field; the caller reports ScalingActive=False/PrometheusNotAllowed and fetches nothing)."""
+    allowed = ", ".join(sorted(endpoints)) or "none: the operator has no Prometheus endpoint configured"
+    name, url = getattr(autoscaling, "prometheus", None), getattr(autoscaling, "prometheus_url", None)
+    if name is not None:
+        if name not in endpoints:
+            return (f"spec.autoscaling.prometheus: {name!r} is not a Prometheus endpoint the cluster admin allows "
+                    f"(allowed: {allowed}); pick one of them or ask the admin to add it (chart value "
+                    "prometheusEndpoints)")
+        if url is not None and url.rstrip("/") != endpoints[name]:
+            return (f"spec.autoscaling.prometheusUrl is not the URL of endpoint {name!r} named in "
+                    "spec.autoscaling.prometheus; remove spec.autoscaling.prometheusUrl")
+        return name, endpoints[name]
+    if url is not None:
+        wanted = url.rstrip("/")
+        for n in sorted(endpoints):
+            if endpoints[n] == wanted:
+                return n, endpoints[n]
+        return (f"spec.autoscaling.prometheusUrl: {url[:200]!r} is not the URL of a Prometheus endpoint the cluster "
+                f"admin allows; name one in spec.autoscaling.prometheus instead (allowed: {allowed})")
+    if DEFAULT_ENDPOINT in endpoints:
+        return DEFAULT_ENDPOINT, endpoints[DEFAULT_ENDPOINT]
+    return ("no Prometheus endpoint: set spec.autoscaling.prometheus to one the cluster admin allows "
+            f"(allowed: {allowed}), or start the operator with --prometheus-url")
 
 
 def evaluation_interval_s(up_window_s: float) -> float:
@@ -348,6 +462,8 @@ class Autoscaler:
     reconciler: Any                                    # controller.reconcile.Reconciler
     enqueue: Callable[[tuple[str, str]], None]
     default_prometheus_url: str | None = None
+    # the allowed endpoints, name -> URL (`parse_endpoints`); None: just `default_prometheus_url`
+    endpoints: dict[str, str] | None = None
     clock: Callable[[], float] = time.time
     states: dict[str, AutoscaleState] = field(default_factory=dict)          # uid -> policy state
     conditions: dict[tuple[str, str], dict] = field(default_factory=dict)    # key -> type -> tuple
@@ -367,10 +483,15 @@ class Autoscaler:
         self.states.pop(self.uids.pop(key, ""), None)
         self.reconciler.autoscaler_conditions.pop(key, None)
 
-    def _source(self, url: str) -> PrometheusSource:
+    def allowed_endpoints(self) -> dict[str, str]:
+        if self.endpoints is None:
+            self.endpoints = parse_endpoints(None, self.default_prometheus_url)
+        return self.endpoints
+
+    def _source(self, url: str, name: str | None = None) -> PrometheusSource:
         src = self.sources.get(url)
         if src is None:
-            src = self.sources[url] = PrometheusSource(url, PROMETHEUS_TIMEOUT_S)
+            src = self.sources[url] = PrometheusSource(url, PROMETHEUS_TIMEOUT_S, name=name)
         return src
 
     async def hook(self, namespace: str, name: str) -> None:
@@ -440,14 +561,17 @@ class Autoscaler:
             except (AutoscaleConfigError, QueryInputError) as exc:
                 decision = held_decision(state, INVALID_AUTOSCALING, str(exc))
             else:
-                url = spec.autoscaling.prometheus_url or self.default_prometheus_url
-                if not url:
-                    snapshot = MetricsSnapshot.failed(
-                        METRICS_UNAVAILABLE, "no Prometheus URL: set spec.autoscaling.prometheusUrl or start the "
-                        "operator with --prometheus-url", now)
+                endpoints = self.allowed_endpoints()
+                picked = resolve_prometheus(spec.autoscaling, endpoints)
+                if isinstance(picked, str) and (spec.autoscaling.prometheus is not None
+                                                or spec.autoscaling.prometheus_url is not None):
+                    decision = held_decision(state, PROMETHEUS_NOT_ALLOWED, picked)   # nothing is fetched
                 else:
-                    snapshot = await self._source(url).fetch_async(queries, now)
-                decision = decide(state, snapshot, config, capacity, now)
+                    if isinstance(picked, str):
+                        snapshot = MetricsSnapshot.failed(METRICS_UNAVAILABLE, picked, now)
+                    else:
+                        snapshot = await self._source(picked[1], picked[0]).fetch_async(queries, now)
+                    decision = decide(state, snapshot, config, capacity, now)
 
         self.states[uid] = decision.state
         now_dt = datetime.fromtimestamp(now, timezone.utc)
@@ -568,7 +692,8 @@ async def start_autoscaler(autoscaled_llmds: kopf.Index, **_: Any) -> None:
         global AUTOSCALER
         while handlers.STATE.reconciler is None:      # the handlers' startup creates it
             await asyncio.sleep(0.1)
-        AUTOSCALER = Autoscaler(handlers.STATE.reconciler, handlers.STATE.enqueue, DEFAULT_PROMETHEUS_URL)
+        AUTOSCALER = Autoscaler(handlers.STATE.reconciler, handlers.STATE.enqueue, DEFAULT_PROMETHEUS_URL,
+                                endpoints=parse_endpoints(PROMETHEUS_ENDPOINTS, DEFAULT_PROMETHEUS_URL))
         handlers.AUTOSCALE_HOOK = AUTOSCALER.hook
         # kopf's index, plus what the resync's LIST found autoscaled where kopf's watches are blind (L1)
         await AUTOSCALER.run(lambda: indexes.values(autoscaled_llmds, indexes.ALL_KEY)
@@ -590,6 +715,7 @@ async def stop_autoscaler(**_: Any) -> None:
 
 _TASKS: list[asyncio.Task] = []
 
-__all__ = ["Autoscaler", "DEFAULT_PROMETHEUS_URL", "config_from_spec", "evaluation_interval_s", "merge_conditions",
+__all__ = ["Autoscaler", "DEFAULT_PROMETHEUS_URL", "EndpointError", "endpoint_url_problem", "parse_endpoints",
+           "resolve_prometheus", "config_from_spec", "evaluation_interval_s", "merge_conditions",
            "needs_write", "per_replica_capacity", "queries_for", "rate_window_s", "scaling_event",
            "state_from_status", "status_document"]
