@@ -94,7 +94,7 @@ class OwnPrometheus:
     leaves the shared instance up for the other tests.
     """
 
-    def __init__(self, binary: str = "prometheus") -> None:
+    def __init__(self, binary: str = "prometheus", port: int | None = None) -> None:
         import shutil
         import socket
         import tempfile
@@ -104,9 +104,11 @@ class OwnPrometheus:
         self.dir = Path(tempfile.mkdtemp(prefix="meshplan-prom-"))
         self.targets = self.dir / "targets"
         self.targets.mkdir()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        if port is None:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        self.port = port
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = None
 

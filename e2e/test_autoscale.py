@@ -52,10 +52,26 @@ DOWN_WINDOW_S = 20
 INTERVAL_S = 2.5          # controller.autoscaling.evaluation_interval_s(10 s)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# The operator queries only the Prometheus endpoints the admin lists (issue 17, finding 2): the ports of
+# the private Prometheus and of the garbage one are chosen up front and allowed by name.
+OWN_PROM_PORT, GARBAGE_PROM_PORT = _free_port(), _free_port()
+
+
 @pytest.fixture(scope="module")
 def operator(cluster, operator_kubeconfig, request):
     yield from operator_runner.serve(cluster, operator_kubeconfig, request, NS_GLOB,
-                                     "--prometheus-url", cluster.prometheus_url, metrics=True, tail_lines=200)
+                                     "--prometheus-url", cluster.prometheus_url,
+                                     "--prometheus-endpoint", f"own=http://127.0.0.1:{OWN_PROM_PORT}",
+                                     "--prometheus-endpoint", f"garbage=http://127.0.0.1:{GARBAGE_PROM_PORT}",
+                                     metrics=True, tail_lines=200)
 
 
 @pytest.fixture
@@ -279,10 +295,10 @@ def test_capacity_exhaustion_sets_scaling_limited_and_never_a_partial_group(clus
 
 
 def test_prometheus_down_holds_replicas_and_sets_the_condition(cluster, ns, fleets):
-    prom = fleet_mod.OwnPrometheus().start()
+    prom = fleet_mod.OwnPrometheus(port=OWN_PROM_PORT).start()
     try:
         name = "blind"
-        m = _manifest(name, "gb200-nvl72", "NVIDIA-GB200", 4, prometheusUrl=prom.url)
+        m = _manifest(name, "gb200-nvl72", "NVIDIA-GB200", 4, prometheusUrl=prom.url)   # an allowed URL
         m["spec"]["replicas"] = 2
         # 0.5 req/s needs one replica: with metrics, 2 -> 1 after the down window (20 s).
         fleet = _start(cluster, ns, name, fleets, m, rps=0.5, scrape=prom)
@@ -307,7 +323,7 @@ def test_prometheus_down_holds_replicas_and_sets_the_condition(cluster, ns, flee
         garbage = _garbage_prometheus()
         try:
             cluster.kubectl("patch", "llmd", name, "-n", ns, "--type=merge", "-p", json.dumps(
-                {"spec": {"autoscaling": {"prometheusUrl": f"http://127.0.0.1:{garbage.server_address[1]}"}}}))
+                {"spec": {"autoscaling": {"prometheusUrl": None, "prometheus": "garbage"}}}))
             o = _wait(lambda: (lambda o: o if _cond(o, "ScalingActive").get("reason") == "MetricsInvalid" else None)(
                 _get(cluster, ns, name)), 30, "ScalingActive=False MetricsInvalid", lambda: _get(cluster, ns, name))
             print(f"ScalingActive: {_cond(o, 'ScalingActive')['message']}")
@@ -338,7 +354,7 @@ def _garbage_prometheus():
 
         do_POST = do_GET
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", GARBAGE_PROM_PORT), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
