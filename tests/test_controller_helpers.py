@@ -146,3 +146,66 @@ def test_stored_plan_round_trips_and_is_used_only_for_the_same_inputs():
     assert back.choice == plan.choice and back.alternatives == plan.alternatives[:3]
     assert plan_from_annotation(value, plan_key(_spec(model={"name": "llama-3.1-8b"}), topo)) is None
     assert plan_from_annotation("{not json", key) is None
+
+
+def _pinned_spec():
+    return _spec(parallelism={"tensor": 4}, gpus={"maxGpus": 4, "products": ["h100_sxm"]}, replicas=1,
+                 workload={"inputTokens": 1024, "outputTokens": 256, "requestRate": 1, "maxContext": 8192},
+                 slo={"ttftMs": 30000, "itlMs": 60, "percentile": 99})
+
+
+def test_an_edited_plan_annotation_is_not_believed():
+    """Issue 17 finding 5: an edited meshplan.dev/plan (TP8 on 8 GPUs, the spec pins tensor 4 and
+    maxGpus 4, its own text as the message) was used after a restart. The key can be recomputed by
+    anyone, so the edit keeps it; the plan is checked against the pins, the budget and the planner."""
+    import dataclasses
+    import json
+
+    from meshplan.controller.reconcile import (
+        PLAN_ANNOTATION,
+        Reconciler,
+        World,
+        plan_to_annotation,
+        verify_stored_plan,
+    )
+    from meshplan.planner import plan_for_spec
+
+    topo = build_topology(fleet_nodes(load_fleet("hgx-h100")), ready_if_unknown=True)
+    spec = _pinned_spec()
+    honest = plan_for_spec(spec, topo.to_fleet())
+    assert honest.choice.layout.tp == 4 and verify_stored_plan(honest, spec, topo) == []
+    key = plan_key(spec, topo)
+
+    tp8 = dataclasses.replace(honest.choice, layout=dataclasses.replace(honest.choice.layout, tp=8))
+    edited = dataclasses.replace(honest, choice=tp8, reason="EDITED: trust me, TP8 on 8 GPUs")
+    problems = verify_stored_plan(edited, spec, topo)
+    assert any("spec.parallelism.tensor is 4" in p for p in problems), problems
+    assert any("spec.gpus.maxGpus is 4" in p for p in problems), problems
+
+    # the pins hold but the numbers are made up: the planner does not produce that candidate
+    faked = dataclasses.replace(honest.choice, prediction=dataclasses.replace(honest.choice.prediction,
+                                                                               ttft_ms=1.0))
+    assert "the planner" in verify_stored_plan(dataclasses.replace(honest, choice=faked), spec, topo)[0]
+
+    rec = Reconciler(kube=None, world=World())
+    plan = rec._plan("uid-1", spec, topo, plan_to_annotation(key, edited))
+    assert plan.choice.layout.tp == 4 and "EDITED" not in plan.reason
+    assert "ignored" in rec.plan_notes["uid-1"] and "uid-1" in rec.plans_moved
+    # the event is reported once, not at every reconcile
+    rec.plans.clear()
+    rec.plan_notes.clear()
+    rec._plan("uid-1", spec, topo, plan_to_annotation(key, edited))
+    assert "uid-1" not in rec.plan_notes
+
+    # an honest annotation is used; its message is the operator's own (status), never the annotation's text
+    rec2 = Reconciler(kube=None, world=World())
+    tampered_text = dataclasses.replace(honest, reason="EDITED message")
+    status_plan = {"tp": 4, "ep": honest.choice.layout.ep, "pp": honest.choice.layout.pp,
+                   "chunkSize": honest.choice.chunk_size, "maxNumSeqs": honest.choice.max_num_seqs,
+                   "weightsDtype": honest.choice.weight_dtype, "kvCacheDtype": honest.choice.kv_dtype,
+                   "gpuProduct": honest.choice.gpu, "reason": honest.reason}
+    kept = rec2._plan("uid-2", spec, topo, plan_to_annotation(key, tampered_text), status_plan)
+    assert kept.choice == honest.choice and kept.reason == honest.reason and not rec2.plan_notes
+    kept3 = Reconciler(kube=None, world=World())._plan("uid-3", spec, topo, plan_to_annotation(key, tampered_text))
+    assert kept3.choice == honest.choice and "EDITED" not in kept3.reason and "re-checked" in kept3.reason
+    assert PLAN_ANNOTATION == "meshplan.dev/plan" and json.loads(plan_to_annotation(key, honest))["key"] == key

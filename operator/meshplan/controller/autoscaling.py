@@ -549,7 +549,7 @@ class Autoscaler:
         pods = await kube.list("v1", "Pod", namespace, f"{LABEL_DEPLOYMENT}={name}")
         stored_plan = (meta.get("annotations") or {}).get(PLAN_ANNOTATION)
         capacity = await asyncio.to_thread(self._capacity, namespace, name, uid, spec, pods, state.desired_replicas,
-                                           status.get("readyReplicas"), stored_plan)
+                                           status.get("readyReplicas"), stored_plan, status.get("plan"))
         now = self.clock()
         snapshot = MetricsSnapshot.failed(METRICS_UNAVAILABLE, "not evaluated", now)
         if isinstance(capacity, str):
@@ -600,14 +600,15 @@ class Autoscaler:
         return decision
 
     def _capacity(self, namespace: str, name: str, uid: str, spec: Any, pods: list, current: int,
-                  ready: Any, stored_plan: str | None = None) -> ReplicaCapacity | str:
+                  ready: Any, stored_plan: str | None = None,
+                  previous_plan: Mapping[str, Any] | None = None) -> ReplicaCapacity | str:
         """The policy's capacity input (worker thread), or why there is none yet."""
         from meshplan.controller.decide import live_groups, target_for
         from meshplan.placement import request_for_layout
 
         rec = self.reconciler
         topology = rec.world.topology_without(namespace, name)
-        plan = rec._plan(uid, spec, topology, stored_plan)    # cached per object: the plan reconcile uses
+        plan = rec._plan(uid, spec, topology, stored_plan, previous_plan)   # cached per object: reconcile's plan
         if isinstance(plan, str):
             return plan
         if plan.choice is None:

@@ -217,6 +217,89 @@ def plan_from_annotation(value: str | None, key: str) -> Any:
         return None        # unreadable (edited by hand, older format): plan again
 
 
+def verify_stored_plan(plan: Any, spec: Any, topology: Topology) -> list[str]:
+    """Why a plan read back from `PLAN_ANNOTATION` cannot be used for `spec` (empty: it can).
+
+    The annotation is a cache, not an authority (issue 17, finding 5: an edited annotation made the
+    operator run TP8 on 8 GPUs although the spec pinned tensor 4 and maxGpus 4). Anyone who may edit
+    the LLMDeployment may edit it, and its key (a hash of the spec and the fleet's shape) can be
+    recomputed by anyone, so the plan it holds is checked like a new one:
+    1. against the spec: the pinned sizes and knobs (tensor, expert, pipeline, chunkSize,
+       maxNumSeqs, precision), the engine, the allowed GPU products, and the GPU budget
+       (spec.gpus.maxGpus >= GPUs per replica x the fewest replicas);
+    2. against the planner: the planner, pinned to the stored layout and knobs on the same fleet,
+       must produce exactly the stored candidate (same memory fit and predictions); the same for
+       each stored alternative (one that does not verify is dropped, not an error).
+    """
+    from dataclasses import replace as dc_replace
+
+    from meshplan.api.models import pinned
+    from meshplan.planner import plan_for_spec, plan_inputs_from_spec
+
+    c = plan.choice
+    if c is None:
+        return ["it holds no choice"]
+    lay, par, prec = c.layout, spec.parallelism, spec.precision
+    out = []
+    for field_name, want, have in (("tensor", pinned(par.tensor), lay.tp), ("expert", pinned(par.expert), lay.ep),
+                                   ("pipeline", pinned(par.pipeline), lay.pp),
+                                   ("chunkSize", pinned(par.chunk_size), c.chunk_size),
+                                   ("maxNumSeqs", pinned(par.max_num_seqs), c.max_num_seqs)):
+        if want is not None and want != have:
+            out.append(f"spec.parallelism.{field_name} is {want}, the stored plan has {have}")
+    for field_name, want, have in (("weights", prec.weights, c.weight_dtype), ("kvCache", prec.kv_cache, c.kv_dtype)):
+        if want not in (None, "auto") and want != have:
+            out.append(f"spec.precision.{field_name} is {want}, the stored plan has {have}")
+    if c.engine != spec.engine.kind:
+        out.append(f"spec.engine.kind is {spec.engine.kind}, the stored plan is for {c.engine}")
+    try:
+        from meshplan.catalog.gpus import get_gpu
+
+        allowed = {get_gpu(p).name for p in spec.gpus.products} if spec.gpus.products else None
+    except KeyError:
+        allowed = None
+    if allowed is not None and c.gpu not in allowed:
+        out.append(f"spec.gpus.products allows {sorted(allowed)}, the stored plan is for {c.gpu!r}")
+    fewest = spec.autoscaling.min_replicas if spec.autoscaling.enabled else spec.replicas
+    if spec.gpus.max_gpus is not None and lay.gpus_per_replica * max(fewest, 1) > spec.gpus.max_gpus:
+        out.append(f"spec.gpus.maxGpus is {spec.gpus.max_gpus}, the stored plan needs {lay.gpus_per_replica} GPUs "
+                   f"per replica x {max(fewest, 1)}")
+    if out:
+        return out
+    fleet = topology.select(dict(spec.gpus.node_selector or {})).to_fleet()
+    base = plan_inputs_from_spec(spec)["space"]
+
+    def planner_agrees(cand: Any) -> bool:
+        space = dc_replace(base, tensor=cand.layout.tp, expert=cand.layout.ep, pipeline=cand.layout.pp,
+                           chunk_sizes=(cand.chunk_size,), max_num_seqs=(cand.max_num_seqs,),
+                           weight_dtype=cand.weight_dtype, kv_dtype=cand.kv_dtype)
+        try:
+            again = plan_for_spec(spec, fleet, space=space, gpus=[cand.gpu], replicas=cand.layout.dp,
+                                  n_alternatives=64)
+        except (ValueError, KeyError, TypeError):
+            return False
+        return any(x == cand for x in (again.choice, *again.alternatives) if x is not None)
+
+    if not planner_agrees(c):
+        return [f"the planner, pinned to its layout {lay.label(True)} on {c.gpu}, does not produce it (edited, or "
+                "made for other inputs)"]
+    return []
+
+
+def restored_reason(plan: Any, previous_plan: Mapping[str, Any] | None) -> str:
+    """The Planned message for a verified stored plan: the operator's own sentence from status.plan
+    (status is written by the operator only) when it describes this very choice, else a sentence made
+    here; never the annotation's text."""
+    c, prev = plan.choice, dict(previous_plan or {})
+    same = (prev.get("tp"), prev.get("ep"), prev.get("pp"), prev.get("chunkSize"), prev.get("maxNumSeqs"),
+            prev.get("weightsDtype"), prev.get("kvCacheDtype"), prev.get("gpuProduct", c.gpu)) == \
+        (c.layout.tp, c.layout.ep, c.layout.pp, c.chunk_size, c.max_num_seqs, c.weight_dtype, c.kv_dtype, c.gpu)
+    if same and isinstance(prev.get("reason"), str) and prev["reason"]:
+        return prev["reason"]
+    return (f"{c.layout.label()} on {c.gpu}: the plan an earlier run of the operator chose for this spec and fleet, "
+            "re-checked against the spec's pins, the GPU budget and the planner")
+
+
 RESERVATION_TTL_S = 60.0    # how long a pod this operator just decided to create is charged without the watch
 
 
@@ -364,6 +447,10 @@ class Reconciler:
     # uid -> (metadata.generation, message): the API server refused a child this generation renders;
     # not tried again until the spec changes (a refused create cannot succeed for the same spec).
     refusals: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    # uid -> message: the stored plan annotation was ignored (`verify_stored_plan`); reported once as an event
+    plan_notes: dict[str, str] = field(default_factory=dict)
+    # uid -> the annotation value last refused (log it once, not at every reconcile)
+    plans_refused: dict[str, str] = field(default_factory=dict)
     # uids whose cached plan was replaced under the same plan key (another GPU product had room,
     # `decide.fallback_target`): their plan annotation is rewritten although the key is unchanged.
     plans_moved: set[str] = field(default_factory=set)
@@ -391,6 +478,8 @@ class Reconciler:
             self.plan_specs.pop(uid, None)
             self.refusals.pop(uid, None)
             self.plans_moved.discard(uid)
+            self.plan_notes.pop(uid, None)
+            self.plans_refused.pop(uid, None)
 
     async def reconcile(self, namespace: str, name: str) -> Result:
         lock = self.locks.setdefault((namespace, name), asyncio.Lock())
@@ -539,7 +628,16 @@ class Reconciler:
             return decide(Inputs(desired_replicas=desired, planned_reason="InvalidSpec",
                                  planned_message="; ".join(problems), **common))
         stored = ((meta.get("annotations") or {}).get(PLAN_ANNOTATION))
-        plan = self._plan(common["uid"], spec, topology, stored)
+        plan = self._plan(common["uid"], spec, topology, stored, status.get("plan"))
+        note = self.plan_notes.pop(common["uid"], None)
+        if note is not None:
+            outcome = self._decide_planned(spec, plan, topology, desired, common)
+            outcome.events.append(("Warning", "PlanAnnotationIgnored", note))
+            return outcome
+        return self._decide_planned(spec, plan, topology, desired, common)
+
+    def _decide_planned(self, spec: Any, plan: Any, topology: Topology, desired: int,
+                        common: dict[str, Any]) -> Outcome:
         if isinstance(plan, str):
             return decide(Inputs(desired_replicas=desired, planned_reason="InvalidSpec", planned_message=plan,
                                  **common))
@@ -568,7 +666,8 @@ class Reconciler:
                 outcome.events.append(("Normal", "PlanMovedProduct", message))
         return outcome
 
-    def _plan(self, uid: str, spec: Any, topology: Topology, stored: str | None = None) -> Any:
+    def _plan(self, uid: str, spec: Any, topology: Topology, stored: str | None = None,
+              previous_plan: Mapping[str, Any] | None = None) -> Any:
         """The plan for `spec`: cached, else the one stored on the object by an earlier run of the
         operator (same inputs -> same plan, even if other tenants' usage changed meanwhile), else new."""
         from meshplan.planner import plan_for_spec
@@ -579,9 +678,25 @@ class Reconciler:
             return cached[1]
         restored = plan_from_annotation(stored, key)
         if restored is not None:
-            self.plans[uid] = (key, restored)
-            self.plan_specs[uid] = spec_key(spec)
-            return restored
+            problems = verify_stored_plan(restored, spec, topology)
+            if not problems:
+                from dataclasses import replace as dc_replace
+
+                ok_alts = tuple(a for a in restored.alternatives
+                                if not verify_stored_plan(dc_replace(restored, choice=a, alternatives=()), spec,
+                                                          topology))
+                restored = dc_replace(restored, reason=restored_reason(restored, previous_plan),
+                                      alternatives=ok_alts)
+                self.plans[uid] = (key, restored)
+                self.plan_specs[uid] = spec_key(spec)
+                return restored
+            message = (f"the stored plan annotation {PLAN_ANNOTATION} is ignored and a new plan is made: "
+                       + "; ".join(problems))[:1024]
+            if self.plans_refused.get(uid) != stored:
+                self.plans_refused[uid] = stored or ""
+                self.plan_notes[uid] = message
+                log.warning("%s: %s", spec.model.name, message)
+            self.plans_moved.add(uid)       # rewrite the annotation with the plan made now
         t0 = time.monotonic()
         try:
             plan = plan_for_spec(spec, topology.select(dict(spec.gpus.node_selector or {})).to_fleet())
@@ -635,4 +750,4 @@ def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return not uid or any(r.get("uid") == uid for r in refs)
 
 
-__all__ = ["PLAN_ANNOTATION", "plan_from_annotation", "plan_to_annotation", "ForeignUsage", "Reconciler", "Result", "World", "desired_replicas", "plan_key"]
+__all__ = ["PLAN_ANNOTATION", "plan_from_annotation", "restored_reason", "verify_stored_plan", "plan_to_annotation", "ForeignUsage", "Reconciler", "Result", "World", "desired_replicas", "plan_key"]
