@@ -310,3 +310,28 @@ def test_interrupted_creation_never_releases_part_of_a_group():
     assert all(d["spec"].get("schedulingGates") for d, _ in out.apply if d["kind"] == "Pod")
     converge(sim, model)
     assert sim.ready_groups() == 1
+
+
+def test_conditions_state_what_holds_now_when_replicas_lack_a_place():
+    """Issue 17 finding 10: with replicas short of GPUs the status said `Progressing=False/Complete:
+    10000 replica(s) running` (18 ready) and `Degraded=False/AsPlanned`. 4 HGX nodes hold 4 TP8
+    replicas of the 6 desired: each condition says so, with the numbers."""
+    sim, model = Sim("hgx-h100"), llmd("NVIDIA-H100-80GB-HBM3", tensor=8, replicas=4)
+    first = sim.step(model, replicas=6)      # planned for 4, 6 desired (the autoscaler, kubectl scale)
+    deg = sim.condition("Degraded")
+    assert (deg["status"], deg["reason"]) == ("False", "ReplicasStarting"), deg
+    assert deg["message"].startswith("0 of 6 replica(s) ready") and "2 without a place" in deg["message"]
+    assert first.placement.unplaced
+    converge(sim, model, replicas=6)
+    assert sim.ready_groups() == 4
+    prog, deg = sim.condition("Progressing"), sim.condition("Degraded")
+    assert (prog["status"], prog["reason"]) == ("False", "InsufficientCapacity"), prog
+    assert prog["message"] == "4 of 6 replica(s) of TP8 placed, 4 ready; 2 wait for free GPUs"
+    assert (deg["status"], deg["reason"]) == ("True", "MissingReplicas"), deg
+    assert deg["message"] == "4 of 6 replica(s) ready; 2 without a place (not enough free GPUs)"
+    # all placed and ready: complete, with the count that is ready
+    sim2, model2 = Sim("hgx-h100"), llmd("NVIDIA-H100-80GB-HBM3", tensor=8, replicas=2)
+    converge(sim2, model2)
+    prog = sim2.condition("Progressing")
+    assert (prog["reason"], prog["message"]) == ("Complete", "2 of 2 replica(s) of TP8 ready")
+    assert (sim2.condition("Degraded")["reason"], sim2.condition("Degraded")["status"]) == ("AsPlanned", "False")

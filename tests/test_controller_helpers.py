@@ -209,3 +209,28 @@ def test_an_edited_plan_annotation_is_not_believed():
     kept3 = Reconciler(kube=None, world=World())._plan("uid-3", spec, topo, plan_to_annotation(key, tampered_text))
     assert kept3.choice == honest.choice and "EDITED" not in kept3.reason and "re-checked" in kept3.reason
     assert PLAN_ANNOTATION == "meshplan.dev/plan" and json.loads(plan_to_annotation(key, honest))["key"] == key
+
+
+def test_a_full_fleet_does_not_hide_the_real_reason_a_spec_is_infeasible():
+    """Issue 17 finding 10: with every GPU taken, a spec infeasible for another reason (here an SLO
+    no layout meets) was reported as "the fleet  has no free GPUs" (empty fleet name)."""
+    from meshplan.controller.reconcile import Reconciler, World
+    from meshplan.topology import node_info
+
+    infos = [node_info(n, ready_if_unknown=True) for n in fleet_nodes(load_fleet("hgx-h100"))]
+    full = [("other", "squatter", i.name, i.gpus) for i in infos]
+    world = World(nodes=lambda: infos, usage=lambda: full)
+    rec = Reconciler(kube=None, world=world)
+    m = yaml.safe_load(open("examples/llama-3.1-70b-hgx-h100.yaml"))
+    m["metadata"].update(namespace="ns", uid="u-9", generation=1)
+    m["spec"]["slo"] = {"ttftMs": 1, "itlMs": 1, "percentile": 99}          # no layout meets 1 ms
+    out = rec._decide(m, world.topology_without("ns", m["metadata"]["name"]), [], [], [])
+    planned = next(c for c in out.status["conditions"] if c["type"] == "Planned")
+    assert (planned["status"], planned["reason"]) == ("False", "NoFeasiblePlan"), planned
+    assert "no free GPUs" not in planned["message"] and "SLO" in planned["message"], planned["message"]
+    assert "  " not in planned["message"]
+    # the same spec with a reachable SLO on the full fleet: a capacity problem, with the numbers
+    m["spec"]["slo"] = {"ttftMs": 30000, "itlMs": 60, "percentile": 99}
+    out = rec._decide(m, world.topology_without("ns", m["metadata"]["name"]), [], [], [])
+    planned = next(c for c in out.status["conditions"] if c["type"] == "Planned")
+    assert planned["reason"] == "InsufficientCapacity" and "only 0 are free" in planned["message"], planned

@@ -596,14 +596,26 @@ def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGr
                 f"{len(ready_current)} of {R} replica(s) ready; starting {max(len(pending), 1)}")
     elif len(groups) > len(current) + len(stale) or any(k[1] == "Pod" for k in out.delete):
         prog = ("Progressing", True, "ScalingDown", f"removing replica groups down to {R}")
+    elif short:
+        # Nothing more can happen until GPUs free up: not progressing, and not "complete" either
+        # (issue 17 finding 10: "Complete: 10000 replica(s) running" with 18 ready).
+        prog = ("Progressing", False, "InsufficientCapacity",
+                f"{len(placement.placed)} of {R} replica(s) of {candidate.layout.label()} placed, {ready} ready; "
+                f"{short} wait for free GPUs")
     else:
-        prog = ("Progressing", False, "Complete", f"{R} replica(s) of {candidate.layout.label()} running")
+        prog = ("Progressing", False, "Complete",
+                f"{ready} of {R} replica(s) of {candidate.layout.label()} ready")
     values.append(prog)
-    degraded = bool(restarted or moved) or (0 < ready < R and not stale and not pending)
+    starting = bool(stale or pending or len(placement.placed) > len(current))
+    n_starting = max(len(placement.placed) - len(ready_current), 0) + len(stale)
+    degraded = bool(restarted or moved) or (ready < R and not starting)
     values.append(("Degraded", degraded, "ReplicaRestarted" if restarted or moved else
-                   ("MissingReplicas" if degraded else "AsPlanned"),
-                   f"{ready} of {R} replica(s) ready" + (f"; restarted {restarted + moved}" if restarted or moved
-                                                          else "")))
+                   ("MissingReplicas" if degraded else "ReplicasStarting" if ready < R else "AsPlanned"),
+                   f"{ready} of {R} replica(s) ready"
+                   + (f"; restarted {restarted + moved}" if restarted or moved else "")
+                   + (f"; {short} without a place (not enough free GPUs)" if short else "")
+                   + (f"; {n_starting} starting or being replaced" if starting and ready < R
+                      else "")))
     conds = st.conditions(prev, st.merge_values(values, inp.extra_conditions), inp.generation, inp.now)
     for c in conds:
         if c["type"] in ("Placed", "Degraded", "Available") and st.transitioned(prev, c):

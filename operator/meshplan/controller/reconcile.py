@@ -141,16 +141,28 @@ def node_selector_problems(selector: Mapping[str, str]) -> list[str]:
     return out
 
 
-def _capacity_message(spec: Any, topology: Topology, reason: str) -> tuple[str, str]:
-    """(reason, message) for a spec the planner could not fit: capacity, or no feasible layout at all."""
+def _capacity_message(spec: Any, topology: Topology, reason: str,
+                      empty: Topology | None = None) -> tuple[str, str]:
+    """(reason, message) for a spec the planner could not fit: capacity, or no feasible layout at all.
+
+    Which one is decided by planning again with nothing used: on the whole fleet (`empty`: the
+    topology with no usage) when it has GPUs the spec may use, else on the catalogue. When even that
+    fails, the message is ITS reason (the SLO, the context, memory), not the one of the plan on the
+    free GPUs, which is "no free GPUs" whenever the fleet is full (issue 17, finding 10)."""
     from meshplan.planner import plan_for_spec
 
+    sel = dict(spec.gpus.node_selector or {})
+    whole = empty.select(sel).to_fleet() if empty is not None else None
+    if whole is not None and not whole.gpus():
+        whole = None
     try:
-        unbounded = plan_for_spec(spec, None)
+        unbounded = plan_for_spec(spec, whole)
     except ValueError:
         unbounded = None
-    if unbounded is None or unbounded.choice is None:
+    if unbounded is None:
         return "NoFeasiblePlan", reason
+    if unbounded.choice is None:
+        return "NoFeasiblePlan", unbounded.reason or reason
     c = unbounded.choice
     sel = dict(spec.gpus.node_selector or {})
     topo = topology.select(sel)
@@ -642,7 +654,7 @@ class Reconciler:
             return decide(Inputs(desired_replicas=desired, planned_reason="InvalidSpec", planned_message=plan,
                                  **common))
         if plan.choice is None:
-            reason, message = _capacity_message(spec, topology, plan.reason)
+            reason, message = _capacity_message(spec, topology, plan.reason, self.world.fleet())
             return decide(Inputs(desired_replicas=desired, planned_reason=reason, planned_message=message,
                                  **common))
         target = target_for(spec, plan, topology, bool(self.compute_domains))

@@ -95,7 +95,8 @@ def plan(
         in_fleet = set(fleet.gpus())
         specs = [g for g in specs if g.name in in_fleet]
         if not specs:
-            return Plan(None, objective, f"the fleet {fleet.name or ''} has no free GPUs of "
+            where = f"the fleet {fleet.name}" if getattr(fleet, "name", "") else "the fleet"
+            return Plan(None, objective, f"{where} has no free GPUs of "
                         f"{', '.join(str(g) for g in gpu_list)} (free: {', '.join(fleet.gpus()) or 'none'}); "
                         f"change spec.gpus.products or free capacity", model=getattr(model, "name", ""))
     dp: DpPolicy = replicas if replicas else ("min" if objective == "minCostWithinSLO" else "fill")
