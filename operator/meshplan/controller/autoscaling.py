@@ -472,6 +472,7 @@ class Autoscaler:
     sources: dict[str, PrometheusSource] = field(default_factory=dict)
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     uids: dict[tuple[str, str], str] = field(default_factory=dict)
+    errors: Any = field(default_factory=lambda: handlers.ErrorLog())
 
     def due(self, key: tuple[str, str], now_mono: float) -> bool:
         last = self.last_eval.get(key)
@@ -669,8 +670,10 @@ class Autoscaler:
             await self.evaluate(namespace, name)
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - one object's failure must not stop the others
-            log.exception("autoscaling of %s/%s failed", namespace, name)
+        except Exception as exc:  # noqa: BLE001 - one object's failure must not stop the others
+            self.errors.failed((namespace, name), exc, "autoscaling")     # one line per change of failure
+        else:
+            self.errors.succeeded((namespace, name), "autoscaling")
 
 
 AUTOSCALER: Autoscaler | None = None

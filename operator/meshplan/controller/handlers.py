@@ -30,6 +30,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+import aiohttp
 import kopf
 
 from meshplan.controller import indexes
@@ -65,6 +66,51 @@ class Options:
 OPTIONS = Options()
 
 
+ERROR_BACKOFF_MAX_S = 60.0
+
+
+def error_signature(exc: BaseException) -> str:
+    """What kind of failure `exc` is, without the names and numbers that differ between attempts."""
+    import re
+
+    status = getattr(exc, "status", None)
+    return f"{type(exc).__name__}:{status}:" + re.sub(r'"[^"]*"|\d+', "", str(exc))[:200]
+
+
+_EXPECTED = (ApiError, OSError, asyncio.TimeoutError, aiohttp.ClientError)
+
+
+@dataclass
+class ErrorLog:
+    """One log line per change of a key's failure, not a traceback per object every 5 s (issue 17,
+    finding 10: a namespace being deleted or an API server outage). `failed` returns the delay of the
+    next try, growing from RETRY_AFTER_ERROR_S to ERROR_BACKOFF_MAX_S while the same failure repeats;
+    `succeeded` logs once that the key recovered. Expected failures (API errors, connection errors,
+    timeouts) are one line without a traceback; anything else gets its traceback once."""
+
+    state: dict = field(default_factory=dict)       # key -> (signature, consecutive failures)
+
+    def failed(self, key: tuple[str, str], exc: BaseException, what: str = "reconcile") -> float:
+        sig = error_signature(exc)
+        prev = self.state.get(key)
+        count = prev[1] + 1 if prev is not None and prev[0] == sig else 1
+        self.state[key] = (sig, count)
+        delay = min(ERROR_BACKOFF_MAX_S, RETRY_AFTER_ERROR_S * 2 ** (count - 1))
+        if count > 1:
+            log.debug("%s of %s/%s failed again (%d in a row): %s; retrying in %.0fs", what, *key, count, exc, delay)
+        elif isinstance(exc, _EXPECTED):
+            log.warning("%s of %s/%s failed: %s; retrying in %.0fs, and no more lines until this changes",
+                        what, *key, exc, delay)
+        else:
+            log.exception("%s of %s/%s failed; retrying in %.0fs", what, *key, delay)
+        return delay
+
+    def succeeded(self, key: tuple[str, str], what: str = "reconcile") -> None:
+        prev = self.state.pop(key, None)
+        if prev is not None and prev[1] >= 1:
+            log.info("%s of %s/%s succeeded again after %d failure(s)", what, *key, prev[1])
+
+
 @dataclass
 class State:
     reconciler: Reconciler | None = None
@@ -86,6 +132,7 @@ class State:
     gap_usage: list = field(default_factory=list)
     peering_checks: dict = field(default_factory=dict)   # peering object path -> (loop time, may act)
     loop: asyncio.AbstractEventLoop | None = None
+    errors: ErrorLog = field(default_factory=ErrorLog)   # failures of reconciles, logged once per change
 
     def enqueue(self, key: tuple[str, str], delay_s: float | None = 0.0) -> None:
         """Queue a reconcile of `key` now or after `delay_s`; safe from any thread.
@@ -200,14 +247,14 @@ async def _worker() -> None:
         try:
             res = await STATE.reconciler.reconcile(*key)
             STATE.last_reconciled[key] = asyncio.get_running_loop().time()
+            STATE.errors.succeeded(key)
             STATE.enqueue(key, res.requeue_after_s)
         except kopf.TemporaryError as exc:
             STATE.enqueue(key, exc.delay or 1.0)
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - log, retry later, keep serving the other objects
-            log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, RETRY_AFTER_ERROR_S)
-            STATE.enqueue(key, RETRY_AFTER_ERROR_S)
+        except Exception as exc:  # noqa: BLE001 - log (once per change), retry later, serve the others
+            STATE.enqueue(key, STATE.errors.failed(key, exc))
 
 
 async def list_llmdeployments(kube: Kube, globs: tuple[str, ...]
@@ -392,9 +439,17 @@ async def cleanup(**_: Any) -> None:
 @kopf.on.update(GROUP, VERSION, PLURAL)
 async def reconcile_llmdeployment(namespace: str, name: str, **_: Any) -> None:
     assert STATE.reconciler is not None
-    res = await STATE.reconciler.reconcile(namespace, name)
-    STATE.last_reconciled[(namespace, name)] = asyncio.get_running_loop().time()
-    STATE.enqueue((namespace, name), res.requeue_after_s)
+    key = (namespace, name)
+    try:
+        res = await STATE.reconciler.reconcile(namespace, name)
+    except _EXPECTED as exc:
+        # The API server refused or is away: our queue retries with back-off and one log line per change
+        # (raised to kopf, each retry would log a traceback).
+        STATE.enqueue(key, STATE.errors.failed(key, exc))
+        return
+    STATE.last_reconciled[key] = asyncio.get_running_loop().time()
+    STATE.errors.succeeded(key)
+    STATE.enqueue(key, res.requeue_after_s)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -413,4 +468,4 @@ async def child_changed(namespace: str, labels: kopf.Labels, **_: Any) -> None:
     STATE.enqueue((namespace, labels[LABEL_DEPLOYMENT]), CHILD_EVENT_DELAY_S)
 
 
-__all__ = ["AUTOSCALE_HOOK", "OPTIONS", "Options", "STATE"]
+__all__ = ["AUTOSCALE_HOOK", "ErrorLog", "OPTIONS", "Options", "STATE", "error_signature"]

@@ -312,6 +312,62 @@ def restored_reason(plan: Any, previous_plan: Mapping[str, Any] | None) -> str:
             "re-checked against the spec's pins, the GPU budget and the planner")
 
 
+# ----------------------------------------------------------------------------- refused writes
+# Issue 17, finding 7: in a namespace enforcing PodSecurity `restricted`, under a GPU ResourceQuota or
+# while the namespace is being deleted, the API server refuses the pods with 403; the LLMDeployment got
+# no status and the operator logged a traceback every 5 s. Now such a refusal is a condition
+# (Placed=False with the API server's reason and message, which carries the numbers), retried with a
+# growing delay, with one log line when it starts, changes or ends.
+
+REFUSAL_BACKOFF_S = (5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0)
+
+
+def classify_refusal(status: int, message: str) -> str | None:
+    """The Placed=False reason for a create the API server refused, or None when it is not a refusal
+    the spec's author or the namespace's admin must act on (transient: 5xx, 429, conflicts)."""
+    text = message or ""
+    if status == 403:
+        if "violates PodSecurity" in text:
+            return "PodSecurityRefused"
+        if "exceeded quota" in text:
+            return "QuotaExceeded"
+        if "being terminated" in text or "is terminating" in text:
+            return "NamespaceTerminating"
+        return "CreateForbidden"
+    if status == 404 and "namespaces" in text and "not found" in text:
+        return "NamespaceTerminating"
+    return None
+
+
+def refusal_message(reason: str, kind: str, name: str, status: int, api_message: str, retry_s: float,
+                    attempts: int) -> str:
+    what = {"PodSecurityRefused": "The namespace's Pod Security admission refuses it (the engine pods pass the "
+                                  "`baseline` level, not `restricted`: docs/security.md); label the namespace "
+                                  "pod-security.kubernetes.io/enforce=baseline or run it elsewhere",
+            "QuotaExceeded": "A ResourceQuota of the namespace is exhausted; raise it, free GPUs in the namespace, "
+                             "or lower spec.replicas",
+            "NamespaceTerminating": "The namespace is being deleted",
+            "CreateForbidden": "The operator may not create it here (RBAC or an admission policy)"}.get(reason, "")
+    return (f"the API server refused to create {kind} {name} (HTTP {status}): {api_message[:700]}. {what}. "
+            f"Retrying in {retry_s:.0f}s (attempt {attempts})")[:2000]
+
+
+@dataclass
+class WriteRefusal:
+    reason: str
+    message: str
+    signature: str        # what changed the log line: reason + the API server's message without names
+    attempts: int
+    retry_at: float       # monotonic
+
+
+def refusal_signature(reason: str, api_message: str) -> str:
+    import re
+
+    # names and numbers of the pod differ between attempts; the kind of refusal does not
+    return reason + ":" + re.sub(r'"[^"]*"|\d+', "", api_message)[:300]
+
+
 RESERVATION_TTL_S = 60.0    # how long a pod this operator just decided to create is charged without the watch
 
 
@@ -459,6 +515,9 @@ class Reconciler:
     # uid -> (metadata.generation, message): the API server refused a child this generation renders;
     # not tried again until the spec changes (a refused create cannot succeed for the same spec).
     refusals: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    # uid -> the last create the API server refused (403: PodSecurity, quota, namespace terminating)
+    write_refusals: dict[str, WriteRefusal] = field(default_factory=dict)
+    monotonic: Callable[[], float] = time.monotonic
     # uid -> message: the stored plan annotation was ignored (`verify_stored_plan`); reported once as an event
     plan_notes: dict[str, str] = field(default_factory=dict)
     # uid -> the annotation value last refused (log it once, not at every reconcile)
@@ -492,6 +551,7 @@ class Reconciler:
             self.plans_moved.discard(uid)
             self.plan_notes.pop(uid, None)
             self.plans_refused.pop(uid, None)
+            self.write_refusals.pop(uid, None)
 
     async def reconcile(self, namespace: str, name: str) -> Result:
         lock = self.locks.setdefault((namespace, name), asyncio.Lock())
@@ -548,7 +608,11 @@ class Reconciler:
                                content_type="application/merge-patch+json")
 
         refused = known_refusal
-        for desired, live in (outcome.apply if refused is None else ()):
+        wr = self.write_refusals.get(uid)
+        holding = wr is not None and self.monotonic() < wr.retry_at      # back-off: do not hammer the API server
+        new_refusal: tuple[str, dict, ApiError] | None = None
+        applies = list(outcome.apply) if refused is None and not holding else []
+        for i, (desired, live) in enumerate(applies):
             try:
                 await applier.apply(kube, desired, live)
             except applier.ImmutableFieldChanged as exc:
@@ -556,6 +620,13 @@ class Reconciler:
                 await kube.delete(desired["apiVersion"], desired["kind"], namespace, desired["metadata"]["name"],
                                   uid=(live or {}).get("metadata", {}).get("uid"))
             except ApiError as exc:
+                reason = classify_refusal(exc.status, exc.message) if live is None else None
+                if reason is not None:
+                    new_refusal = (reason, desired, exc)
+                    # the pods not created hold no GPUs: stop charging their reservations
+                    self.world.reserve(namespace, name, [], [d["metadata"]["name"] for d, lv in applies[i:]
+                                                             if d.get("kind") == "Pod" and lv is None])
+                    break
                 # 400/422 on create: what the spec renders is invalid for the API server (e.g. a pod over
                 # its size limits). Retrying cannot help until the spec changes: report it like an
                 # invalid spec (nothing else is changed) and look again at the waiting pace.
@@ -567,16 +638,51 @@ class Reconciler:
                 log.warning("%s/%s: %s", namespace, name, refused)
                 self.refusals[uid] = (generation, refused)
                 break
-        if refused is None:
+        if new_refusal is not None:
+            reason, desired, exc = new_refusal
+            attempts = (wr.attempts + 1) if wr is not None and wr.reason == reason else 1
+            delay = REFUSAL_BACKOFF_S[min(attempts, len(REFUSAL_BACKOFF_S)) - 1]
+            sig = refusal_signature(reason, exc.message)
+            message = refusal_message(reason, desired["kind"], desired["metadata"]["name"], exc.status,
+                                      exc.message, delay, attempts)
+            if wr is None or wr.signature != sig:
+                log.warning("%s/%s: %s", namespace, name, message)      # one line per change, no traceback
+            else:
+                log.debug("%s/%s: still refused (attempt %d): %s", namespace, name, attempts, reason)
+            wr = self.write_refusals[uid] = WriteRefusal(reason, message, sig, attempts, self.monotonic() + delay)
+        elif wr is not None and not holding and refused is None:
+            log.info("%s/%s: the API server accepts the writes again (after %d refused attempt(s): %s)",
+                     namespace, name, wr.attempts, wr.reason)
+            self.write_refusals.pop(uid, None)
+            wr = None
+        if refused is None and wr is None:
             self.refusals.pop(uid, None)
             # Every create above succeeded, so each new group's pods all exist: release them now (all
             # or nothing, decide rule 4), not one queue round later.
             for group in outcome.release:
                 for pod in group:
                     await applier.apply(kube, pod, None)
-        elif known_refusal is None:
+        elif refused is not None and known_refusal is None:
             outcome = await self._in_thread(self._decide_in_thread, namespace, name, body, pods, services, cds,
                                               refused)
+        if wr is not None:
+            # Report it as Placed=False (the API server's reason and numbers); nothing else is changed.
+            prev = (body.get("status") or {}).get("conditions") or []
+            conds = outcome.status.get("conditions")
+            if isinstance(conds, list):
+                from meshplan.controller import status as st
+
+                placed = st.condition(prev, "Placed", False, wr.reason, wr.message, generation, self.clock())
+                outcome.status["conditions"] = [placed if c.get("type") == "Placed" else c for c in conds] + \
+                    ([] if any(c.get("type") == "Placed" for c in conds) else [placed])
+                if st.transitioned(prev, placed):
+                    outcome.events.append(("Warning", wr.reason, wr.message[:1024]))
+            outcome.release = []
+            # Nothing is removed while creates are refused (a rolling update would otherwise drop a serving
+            # group for a replacement that cannot be created), and no event claims a group was created.
+            outcome.delete = []
+            outcome.events = [e for e in outcome.events if e[1] not in ("ReplicaCreated", "ReplicaReleased")]
+            outcome.requeue_after_s = max(1.0, wr.retry_at - self.monotonic())
         for api_version, kind, child, child_uid in outcome.delete:
             await kube.delete(api_version, kind, namespace, child, uid=child_uid or None)
         patch = status_patch(body.get("status"), outcome.status, OWNED_STATUS_KEYS)
@@ -762,4 +868,4 @@ def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return not uid or any(r.get("uid") == uid for r in refs)
 
 
-__all__ = ["PLAN_ANNOTATION", "plan_from_annotation", "restored_reason", "verify_stored_plan", "plan_to_annotation", "ForeignUsage", "Reconciler", "Result", "World", "desired_replicas", "plan_key"]
+__all__ = ["REFUSAL_BACKOFF_S", "WriteRefusal", "classify_refusal", "PLAN_ANNOTATION", "plan_from_annotation", "restored_reason", "verify_stored_plan", "plan_to_annotation", "ForeignUsage", "Reconciler", "Result", "World", "desired_replicas", "plan_key"]
