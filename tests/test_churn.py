@@ -126,3 +126,71 @@ def test_no_room_for_a_replacement_keeps_the_group_serving_and_says_so(monkeypat
     out = sim.step(model)
     assert not out.delete and sim.condition("Placed")["status"] == "True"
     assert sim.condition("Degraded")["status"] == "False"
+
+
+# ----------------------------------------------------------------------------- the node watch
+
+
+def _gfd_node(fleet: str = "hgx-h100", i: int = 0) -> dict:
+    import copy
+
+    from meshplan.devcluster.fleets import fleet_nodes, load_fleet
+
+    node = copy.deepcopy(fleet_nodes(load_fleet(fleet))[i])
+    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    return node
+
+
+def test_node_index_reports_label_and_allocatable_changes_but_not_the_gfd_timestamp(monkeypatch):
+    from meshplan.controller import indexes
+
+    seen: list[str] = []
+    monkeypatch.setattr(indexes, "on_node_change", seen.append)
+    monkeypatch.setattr(indexes, "_shapes", {})
+    node = _gfd_node("gb200-nvl72")
+    name = node["metadata"]["name"]
+    assert indexes.index_node(name, node) is not None and seen == []          # first sight: nothing
+    node["metadata"]["labels"]["nvidia.com/gfd.timestamp"] = "1764547200"
+    indexes.index_node(name, node)
+    assert seen == [], "a GFD relabelling pass that changed nothing queued reconciles"
+    node["metadata"]["labels"][LABEL_CLIQUE] = "9a8f6c1e-0000-4000-8000-00000000a001.9"
+    indexes.index_node(name, node)
+    assert seen == [name]
+    node["status"]["allocatable"]["nvidia.com/gpu"] = "2"
+    indexes.index_node(name, node)
+    assert seen == [name, name]
+    indexes.index_node(name, node)                                             # a heartbeat: unchanged
+    assert seen == [name, name]
+    node["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+    assert indexes.index_node(name, node) is None
+    assert seen == [name] * 3, "losing every GPU is a change too"
+    node["spec"] = {"unschedulable": True}
+    node["status"]["allocatable"]["nvidia.com/gpu"] = "4"
+    indexes.index_node(name, node)          # seen again after losing its GPUs: a first sight
+    node["spec"] = {}
+    indexes.index_node(name, node)
+    assert seen == [name] * 4, "uncordon"
+
+
+def test_node_change_queues_the_deployments_on_the_node_first():
+    import asyncio
+
+    from meshplan.controller import indexes
+    from meshplan.controller.handlers import NODE_EVENT_DELAY_S, State
+
+    assert indexes.deployments_on([("a", "x", "n1", 8), ("b", None, "n1", 8), ("a", "y", "n2", 4),
+                                   ("a", "x", "n1", 8)], "n1") == [("a", "x")]
+
+    async def run() -> list:
+        st = State(queue=asyncio.Queue(), loop=asyncio.get_running_loop())
+        st.llmds_index = {indexes.ALL_KEY: [("ns", "first"), ("ns", "placed"), ("ns", "waiting")]}
+        st.pods_index = {indexes.USAGE_KEY: [("ns", "placed", "n1", 8), ("ns", "first", "n2", 8)]}
+        st.node_changed("n1")
+        await asyncio.sleep(2 * NODE_EVENT_DELAY_S + 0.3)
+        out = []
+        while not st.queue.empty():
+            out.append(st.queue.get_nowait())
+        return out
+
+    order = asyncio.run(run())
+    assert order[0] == ("ns", "placed") and sorted(order) == [("ns", "first"), ("ns", "placed"), ("ns", "waiting")]
