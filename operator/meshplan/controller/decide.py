@@ -78,7 +78,7 @@ from meshplan.topology import ASSIGNED_NODE_ANNOTATION, Topology, pod_gpus
 # Status keys the reconciler owns (the autoscaler owns `autoscaling`, and will own desiredReplicas'
 # source through it; see controller.handlers.desired_replicas).
 OWNED_STATUS_KEYS = ("observedGeneration", "conditions", "plan", "alternatives", "placement", "replicas",
-                     "readyReplicas", "desiredReplicas", "selector")
+                     "readyReplicas", "desiredReplicas", "selector", "servingSince")
 
 # Seconds until the next reconcile when nothing else will trigger one.
 REQUEUE_WAITING_S = 10.0      # waiting for capacity or a plan: retry soon, cheaply
@@ -222,6 +222,9 @@ class Inputs:
     now: datetime = datetime(1970, 1, 1)
     # (type, status, reason, message) from the autoscaler (e.g. ScalingActive), merged into ours
     extra_conditions: tuple[tuple[str, bool | str, str, str], ...] = ()
+    # Deployments ranked before this one (`placement.incumbency_rank`) whose waiting replicas hold
+    # some of the free GPUs (already charged to `topology`): named when this one lacks capacity.
+    held_for: tuple[str, ...] = ()
 
 
 @dataclass
@@ -236,6 +239,9 @@ class Outcome:
     release: list[list[dict[str, Any]]] = field(default_factory=list)
     rendered: Rendered | None = None
     placement: PlacementResult | None = None
+    # Desired replicas no existing or new group covers after this round (unplaced, waiting for old
+    # pods to go, misplaced without a replacement): what the reconciler claims (`placement.Claim`).
+    waiting: int = 0
 
     def delete_group(self, group: LiveGroup) -> None:
         for p in group.pods.values():
@@ -577,6 +583,10 @@ def decide(inp: Inputs) -> Outcome:
 
     out.status = _status(inp, t, candidate, current, stale, groups, placement, n_pods, R, freed_for_roll,
                          restarted, moved, out, misplaced)
+    gone = {d[2] for d in out.delete}
+    covering = [i for i, g in stale.items() if i not in misplaced and not g.terminating
+                and not any(p.name in gone for p in g.pods.values())]
+    out.waiting = max(0, R - len(current) - len(covering) - len(new_positions))
     return out
 
 
@@ -630,9 +640,11 @@ def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGr
     elif short:
         free = placement.unplaced[0].free_gpus_by_domain
         free_txt = ", ".join(f"{d}={f}" for d, f in free[:8]) or "none"
+        held = (f"; GPUs held for {', '.join(inp.held_for[:5])} (serving or waiting before this deployment)"
+                if inp.held_for else "")
         values.append(("Placed", False, "InsufficientCapacity",
                        f"{short} of {R} replica(s) have no place: each needs {req.gpus_per_replica or '?'} GPUs "
-                       f"({placement.unplaced[0].reason}); free GPUs per NVLink domain: {free_txt}"))
+                       f"({placement.unplaced[0].reason}); free GPUs per NVLink domain: {free_txt}{held}"))
         values.append(("ScalingLimited", True, "InsufficientCapacity",
                        f"running {len(placement.placed)} of {R} desired replica(s): not enough free GPUs"))
     else:
@@ -693,6 +705,9 @@ def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGr
         "desiredReplicas": R,
         "selector": _selector(inp.name),
     }
+    serving_since = inp.previous_status.get("servingSince") or (st.rfc3339(inp.now) if ready else None)
+    if serving_since:
+        status["servingSince"] = serving_since       # incumbency: kept once set (placement.incumbency_rank)
     out.requeue_after_s = (REQUEUE_WAITING_S if short else
                            REQUEUE_PROGRESSING_S if (stale or pending) else REQUEUE_STEADY_S)
     return status
