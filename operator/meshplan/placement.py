@@ -370,3 +370,49 @@ def place(
         unplaced=tuple(unplaced),
         notes=tuple(notes),
     )
+
+
+# ----------------------------------------------------------------------------- priority between deployments
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Replicas a deployment waits to place (`request.replicas` of them) and its rank (lower first)."""
+
+    owner: str                      # "namespace/name"
+    rank: tuple
+    request: PlacementRequest
+
+
+def incumbency_rank(serving_since: str | None, created: str | None, owner: str) -> tuple:
+    """The placement priority of a deployment, lower first, total and stable.
+
+    A deployment that has served (`status.servingSince`, set once when its first replica was
+    ready, kept afterwards) ranks before every one that never has, the earlier first; the others
+    rank by creation time (first come, first placed); the name breaks ties. So a deployment
+    that lost its groups to a topology change (a relabelled domain, a node that came back) gets
+    the capacity back before a newcomer that was waiting for it.
+    """
+    return (0, serving_since, owner) if serving_since else (1, created or "", owner)
+
+
+def held_for_claims(topology: Topology, claims: Sequence[Claim], rank: tuple,
+                    own_usage: Sequence[tuple[str, int]] = ()) -> tuple[list[tuple[str, int]], list[str]]:
+    """GPUs to leave free for the claims that rank before `rank`: (node, GPUs) pairs, owners holding some.
+
+    Pure. The claims are placed in rank order on `topology` (the asking deployment's view: its own
+    pods left out) with `own_usage` (its own pods) charged, so a claim never takes GPUs the asking
+    deployment runs on: incumbency decides who gets free capacity, it never preempts a running
+    group. A claim that does not fit holds nothing.
+    """
+    topo = topology.with_usage(own_usage) if own_usage else topology
+    held: list[tuple[str, int]] = []
+    owners: list[str] = []
+    for c in sorted((c for c in claims if c.rank < rank and c.request.replicas > 0), key=lambda c: c.rank):
+        got = place(c.request, topo)
+        if got.placed:
+            usage = got.usage()
+            topo = topo.with_usage(usage)
+            held += usage
+            owners.append(c.owner)
+    return held, owners

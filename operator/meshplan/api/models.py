@@ -1133,6 +1133,7 @@ class LLMDeploymentStatus(ApiModel):
     desired_replicas: int | None = Field(default=None, ge=0, description="Replicas meshplan is driving toward.")
     selector: str | None = _str("Label selector of the replicas' pods (for the scale subresource).", 1024, default=None)
     autoscaling: AutoscalingStatus | None = Field(default=None, description="Last autoscaling decision.")
+    serving_since: datetime | None = Field(default=None, strict=False, description="When a replica of this deployment was first ready; kept afterwards. A deployment that has served gets free GPUs before one that never has (placement.incumbency_rank).")
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)

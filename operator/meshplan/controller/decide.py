@@ -24,7 +24,14 @@ Rules, in order
 3. Placement: current groups keep their nodes (`placement.place(existing=)`);
    stale groups still hold their GPUs, so they are charged to the topology
    used for placement. A current group that cannot keep its nodes (a node went
-   NotReady, was cordoned or tainted) is deleted and placed again whole.
+   NotReady, was cordoned or tainted, its NVLink domain was relabelled, its
+   allocatable GPUs dropped) is replaced make-before-break when it is ready
+   (`misplaced_groups`): it keeps serving and holding its GPUs like a stale group
+   of a rolling update (rule 5, surge) while its replacement is created, and is
+   deleted only once the replacement is ready (event ReplicaMoved). Without room
+   for the replacement nothing is deleted and Placed=False/NoRoomToReplace says
+   why. A group that is not ready serves nobody: it is deleted and placed again
+   whole at once.
 4. All-or-nothing creation: a new group's pods are created with the scheduling
    gate (`Outcome.apply`), and the gate is removed from all of them in the same
    reconcile once every member exists (`Outcome.release`: the reconciler applies
@@ -71,7 +78,7 @@ from meshplan.topology import ASSIGNED_NODE_ANNOTATION, Topology, pod_gpus
 # Status keys the reconciler owns (the autoscaler owns `autoscaling`, and will own desiredReplicas'
 # source through it; see controller.handlers.desired_replicas).
 OWNED_STATUS_KEYS = ("observedGeneration", "conditions", "plan", "alternatives", "placement", "replicas",
-                     "readyReplicas", "desiredReplicas", "selector")
+                     "readyReplicas", "desiredReplicas", "selector", "servingSince")
 
 # Seconds until the next reconcile when nothing else will trigger one.
 REQUEUE_WAITING_S = 10.0      # waiting for capacity or a plan: retry soon, cheaply
@@ -215,6 +222,9 @@ class Inputs:
     now: datetime = datetime(1970, 1, 1)
     # (type, status, reason, message) from the autoscaler (e.g. ScalingActive), merged into ours
     extra_conditions: tuple[tuple[str, bool | str, str, str], ...] = ()
+    # Deployments ranked before this one (`placement.incumbency_rank`) whose waiting replicas hold
+    # some of the free GPUs (already charged to `topology`): named when this one lacks capacity.
+    held_for: tuple[str, ...] = ()
 
 
 @dataclass
@@ -229,6 +239,9 @@ class Outcome:
     release: list[list[dict[str, Any]]] = field(default_factory=list)
     rendered: Rendered | None = None
     placement: PlacementResult | None = None
+    # Desired replicas no existing or new group covers after this round (unplaced, waiting for old
+    # pods to go, misplaced without a replacement): what the reconciler claims (`placement.Claim`).
+    waiting: int = 0
 
     def delete_group(self, group: LiveGroup) -> None:
         for p in group.pods.values():
@@ -413,6 +426,14 @@ def decide(inp: Inputs) -> Outcome:
     # Pods still terminating hold their GPUs and their names: wait for them before creating more.
     terminating = any(g.terminating for g in groups.values())
 
+    # Rule 3, make-before-break: a ready current group that cannot keep its nodes (a relabelled
+    # NVLink domain, allocatable GPUs dropped, a cordoned node) keeps serving where it is, like a
+    # stale group of a rolling update, until its replacement is ready (`misplaced`).
+    misplaced = misplaced_groups(current, req0, topo_all.with_usage(
+        [(p.node, p.gpus) for g in stale.values() for p in g.pods.values() if p.node]), n_pods)
+    for i in misplaced:
+        stale[i] = current.pop(i)
+
     # Rule 6 (scale down): drop the highest not-ready current groups first.
     if len(current) > R:
         order = sorted(current, key=lambda i: (current[i].ready(n_pods), -i))
@@ -456,9 +477,11 @@ def decide(inp: Inputs) -> Outcome:
 
     # Rule 5 without surge room: free one stale group if the new group then fits.
     freed_for_roll = False
-    if stale and R > len(current) and not new_positions and not in_flight and not terminating \
+    # A misplaced group is never removed before its replacement is ready (the condition says why it waits).
+    replaceable = [i for i in stale if i not in misplaced]
+    if replaceable and R > len(current) and not new_positions and not in_flight and not terminating \
             and len(current) + len(stale) <= R:
-        victim = sorted(stale, key=lambda i: (stale[i].ready(), -i))[0]
+        victim = sorted(replaceable, key=lambda i: (stale[i].ready(), -i))[0]
         usage_wo = [(p.node, p.gpus) for j, g in stale.items() if j != victim for p in g.pods.values() if p.node]
         trial = place(dataclasses.replace(request, replicas=len(keep_order) + 1), topo_all.with_usage(usage_wo),
                       existing)
@@ -478,7 +501,15 @@ def decide(inp: Inputs) -> Outcome:
         order = sorted(live_stale, key=lambda i: (live_stale[i].ready(), -i))
         for i in order[:max(0, excess)]:
             out.delete_group(stale.pop(i))
-            out.events.append(("Normal", "ReplicaReplaced", f"replica {i} (old plan) removed"))
+            if i in misplaced:
+                out.events.append(("Normal", "ReplicaMoved", f"replica {i} removed from nodes that no longer fit "
+                                   f"({misplaced[i]}): its replacement is ready (make-before-break)"))
+            else:
+                out.events.append(("Normal", "ReplicaReplaced", f"replica {i} (old plan) removed"))
+    if misplaced and new_positions:
+        out.events.append(("Normal", "ReplicaMoving", "replica(s) " + ", ".join(map(str, sorted(misplaced)))
+                           + " cannot keep their nodes and keep serving until their replacement "
+                           + ", ".join(str(remap[p]) for p in new_positions) + " is ready"))
 
     placement = PlacementResult(request=dataclasses.replace(request, replicas=len(placed)), placed=placed,
                                 unplaced=unplaced, notes=placement.notes)
@@ -551,14 +582,38 @@ def decide(inp: Inputs) -> Outcome:
                            "re-placed whole"))
 
     out.status = _status(inp, t, candidate, current, stale, groups, placement, n_pods, R, freed_for_roll,
-                         restarted, moved, out)
+                         restarted, moved, out, misplaced)
+    gone = {d[2] for d in out.delete}
+    covering = [i for i, g in stale.items() if i not in misplaced and not g.terminating
+                and not any(p.name in gone for p in g.pods.values())]
+    out.waiting = max(0, R - len(current) - len(covering) - len(new_positions))
+    return out
+
+
+def misplaced_groups(current: Mapping[int, LiveGroup], req0: Any, topology: Topology,
+                     n_pods: int) -> dict[int, str]:
+    """The ready groups of `current` that cannot keep their nodes on `topology` -> why (placement's note).
+
+    Pure. `topology` leaves out the deployment's own pods and charges its stale groups; the
+    groups are checked in index order, as `place(existing=)` keeps them. Groups that are not
+    ready serve nobody and are not returned (decide replaces them whole at once, rule 3).
+    """
+    order = sorted(current)
+    existing = {pos: [n or "" for n in current[i].nodes()] for pos, i in enumerate(order)}
+    check = place(dataclasses.replace(req0, replicas=len(order)), topology, existing)
+    notes = {int(n.split()[1]): n.split(": ", 1)[-1] for n in check.notes if n.startswith("replica ")}
+    out: dict[int, str] = {}
+    for pos, i in enumerate(order):
+        r = check.replica(pos)
+        if (r is None or list(r.nodes) != existing[pos]) and current[i].ready(n_pods):
+            out[i] = notes.get(pos, "nodes changed")
     return out
 
 
 def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGroup],
             stale: Mapping[int, LiveGroup], groups: Mapping[int, LiveGroup], placement: PlacementResult,
             n_pods: int, R: int, freed_for_roll: bool, restarted: list[int], moved: list[int],
-            out: Outcome) -> dict[str, Any]:
+            out: Outcome, misplaced: Mapping[int, str] | None = None) -> dict[str, Any]:
     plan = t.plan
     prev = list(inp.previous_status.get("conditions") or [])
     ready_current = sorted(i for i, g in current.items() if g.ready(n_pods))
@@ -570,12 +625,26 @@ def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGr
     values: list[tuple[str, bool | str, str, str]] = [
         ("Planned", True, "PlanChosen", plan.reason or candidate.layout.label()),
     ]
-    if short:
+    misplaced = dict(misplaced or {})
+    why_misplaced = "; ".join(f"replica {i}: {w}" for i, w in sorted(misplaced.items()))
+    if short and misplaced:
         free = placement.unplaced[0].free_gpus_by_domain
         free_txt = ", ".join(f"{d}={f}" for d, f in free[:8]) or "none"
+        values.append(("Placed", False, "NoRoomToReplace",
+                       f"{len(misplaced)} replica(s) cannot keep their nodes ({why_misplaced}) and keep serving "
+                       f"there: no place for a replacement of {req.gpus_per_replica or '?'} GPUs "
+                       f"({placement.unplaced[0].reason}); free GPUs per NVLink domain: {free_txt}. The "
+                       "replacement is created as soon as capacity allows, then the old group is removed"))
+        values.append(("ScalingLimited", False, "WithinCapacity",
+                       f"{R} desired replica(s) running, {len(misplaced)} of them on nodes that no longer fit"))
+    elif short:
+        free = placement.unplaced[0].free_gpus_by_domain
+        free_txt = ", ".join(f"{d}={f}" for d, f in free[:8]) or "none"
+        held = (f"; GPUs held for {', '.join(inp.held_for[:5])} (serving or waiting before this deployment)"
+                if inp.held_for else "")
         values.append(("Placed", False, "InsufficientCapacity",
                        f"{short} of {R} replica(s) have no place: each needs {req.gpus_per_replica or '?'} GPUs "
-                       f"({placement.unplaced[0].reason}); free GPUs per NVLink domain: {free_txt}"))
+                       f"({placement.unplaced[0].reason}); free GPUs per NVLink domain: {free_txt}{held}"))
         values.append(("ScalingLimited", True, "InsufficientCapacity",
                        f"running {len(placement.placed)} of {R} desired replica(s): not enough free GPUs"))
     else:
@@ -587,7 +656,11 @@ def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGr
     values.append(("Available", available, "ReplicasReady" if available else "ReplicasNotReady",
                    f"{ready} of {R} replica(s) ready"))
     pending = [i for i in current if i not in ready_current]
-    if stale:
+    if stale and set(stale) <= set(misplaced):
+        prog = ("Progressing", True, "ReplacingMisplaced",
+                f"replacing {len(stale)} replica group(s) that cannot keep their nodes, make-before-break "
+                f"({len(ready_current)} of {R} replacement replica(s) ready, {ready} of {R} ready in all)")
+    elif stale:
         prog = ("Progressing", True, "RollingUpdate",
                 f"replacing {len(stale)} replica group(s) of an older plan one at a time "
                 f"({len(ready_current)} of {R} new replica(s) ready)")
@@ -608,11 +681,13 @@ def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGr
     values.append(prog)
     starting = bool(stale or pending or len(placement.placed) > len(current))
     n_starting = max(len(placement.placed) - len(ready_current), 0) + len(stale)
-    degraded = bool(restarted or moved) or (ready < R and not starting)
+    degraded = bool(restarted or moved or misplaced) or (ready < R and not starting)
     values.append(("Degraded", degraded, "ReplicaRestarted" if restarted or moved else
+                   "ReplicaMisplaced" if misplaced else
                    ("MissingReplicas" if degraded else "ReplicasStarting" if ready < R else "AsPlanned"),
                    f"{ready} of {R} replica(s) ready"
                    + (f"; restarted {restarted + moved}" if restarted or moved else "")
+                   + (f"; on nodes that no longer fit: {why_misplaced}" if misplaced else "")
                    + (f"; {short} without a place (not enough free GPUs)" if short else "")
                    + (f"; {n_starting} starting or being replaced" if starting and ready < R
                       else "")))
@@ -643,6 +718,9 @@ def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGr
         "desiredReplicas": R,
         "selector": _selector(inp.name),
     }
+    serving_since = inp.previous_status.get("servingSince") or (st.rfc3339(inp.now) if ready else None)
+    if serving_since:
+        status["servingSince"] = serving_since       # incumbency: kept once set (placement.incumbency_rank)
     out.requeue_after_s = (REQUEUE_WAITING_S if short else
                            REQUEUE_PROGRESSING_S if (stale or pending) else REQUEUE_STEADY_S)
     return status

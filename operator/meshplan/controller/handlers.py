@@ -14,7 +14,9 @@
   watch event kopf missed costs at most one period (`_resync`).
   Neither is a kopf timer or daemon, because those make kopf put a finalizer on
   every object (deletion would then hang whenever the operator is down).
-- a Node changing schedulability (index callback) queues everything.
+- a GPU Node changing what placement reads (schedulability, allocatable GPUs, NVLink
+  domain and other labels; index callback) queues the deployments placed on it, then
+  everything else (`State.node_changed`).
 
 Autoscaling hook: `AUTOSCALE_HOOK`, when set (by the autoscaling wiring),
 is awaited by the resync loop for every LLMDeployment with
@@ -46,6 +48,9 @@ RETRY_AFTER_ERROR_S = 5.0
 # Child events come in bursts (pod created, gate removed, bound, running, ready within a
 # second or two): wait this long so one reconcile handles a burst.
 CHILD_EVENT_DELAY_S = 0.5
+# The node index callback runs before kopf stores the node's new value: queue its reconciles a moment
+# later, so they read the changed node (and one reconcile handles a burst of label edits).
+NODE_EVENT_DELAY_S = 0.5
 
 AUTOSCALE_HOOK: Callable[[str, str], Awaitable[None]] | None = None
 
@@ -122,6 +127,7 @@ class State:
     llmds_index: Any = None
     list_forbidden: bool = False        # RBAC forbids the resync's cluster-wide LIST: list per namespace
     nodes_index: Any = None
+    pods_index: Any = None
     missed_before: set = field(default_factory=set)    # keys the previous LIST found and the watches did not
     # Autoscaled keys the last LIST found and the watches did not: the autoscaling loop adds them to
     # its work list (it is fed by a kopf index, blind to them like every kopf handler).
@@ -174,6 +180,17 @@ class State:
     def enqueue_all(self) -> None:
         for key in indexes.values(self.llmds_index, indexes.ALL_KEY):
             self.enqueue(tuple(key))
+
+    def node_changed(self, node: str) -> None:
+        """A GPU node changed what placement reads (`indexes.on_node_change`): queue the deployments
+        placed on it first, then every other one (freed or new capacity, waiting deployments)."""
+        affected = indexes.deployments_on(indexes.values(self.pods_index, indexes.USAGE_KEY), node)
+        log.info("node %s changed (labels, allocatable GPUs or schedulability): reconciling %d deployment(s) "
+                 "placed on it now, then the others", node, len(affected))
+        for key in affected:
+            self.enqueue(key, NODE_EVENT_DELAY_S)
+        for key in indexes.values(self.llmds_index, indexes.ALL_KEY):
+            self.enqueue(tuple(key), 2 * NODE_EVENT_DELAY_S)
 
 
 STATE = State()
@@ -413,7 +430,8 @@ async def startup(settings: kopf.OperatorSettings, gpu_nodes: kopf.Index, gpu_po
     STATE.loop = asyncio.get_running_loop()
     STATE.llmds_index = llmds
     STATE.nodes_index = gpu_nodes
-    indexes.on_capacity_change = STATE.enqueue_all
+    STATE.pods_index = gpu_pods
+    indexes.on_node_change = STATE.node_changed
     STATE.tasks = [asyncio.create_task(_worker()) for _ in range(OPTIONS.workers)]
     STATE.tasks.append(asyncio.create_task(_resync()))
     if foreign is not None:

@@ -15,9 +15,11 @@ LISTs the LLMDeployments from the API server; `listed_keys` and
 
 The reconciler builds the topology from the first two per reconcile
 (`reconcile.World`), without listing Nodes or Pods from the API server. The
-node index also notices when a node's schedulability changes (NotReady,
-cordoned, tainted) and asks for every LLMDeployment to be reconciled, so a lost
-node's replica groups are re-placed without waiting for the resync.
+node index also notices when anything placement reads of a node changes
+(NotReady, cordoned, tainted, allocatable GPUs, `nvidia.com/gpu.clique` and
+other labels; `node_shape`) and asks for the deployments placed on it to be
+reconciled at once, then every other one (capacity may have appeared), so
+topology churn is acted on within seconds, not at the next resync.
 """
 
 from __future__ import annotations
@@ -30,21 +32,41 @@ from meshplan.topology import node_info, pod_gpu_usage
 
 NODES_KEY, USAGE_KEY, ALL_KEY = "nodes", "usage", "all"
 
-# Set by the handlers module: called with no argument when capacity changed.
-on_capacity_change: Callable[[], None] = lambda: None
-_schedulable: dict[str, bool] = {}
+# Set by the handlers module: called with the node's name when something placement reads of a GPU
+# node changed (schedulability, allocatable GPUs, product, NVLink domain, zone, labels), or the node
+# stopped being a GPU node. The handler only queues reconciles (those placed on the node first).
+on_node_change: Callable[[str], None] = lambda name: None
+_shapes: dict[str, tuple] = {}
+
+# Labels that change without changing the node: GFD writes the time of its labelling pass
+# (NVIDIA k8s-device-plugin, gpu-feature-discovery: `nvidia.com/gfd.timestamp` = Unix time, unless
+# started with --no-timestamp). A change of only these does not queue anything.
+VOLATILE_LABELS = frozenset({"nvidia.com/gfd.timestamp"})
+
+
+def node_shape(info: Any) -> tuple:
+    """What placement reads of one GPU node (`topology.NodeInfo`), without the volatile labels."""
+    return (info.product, info.gpus, info.gpu_memory_mib, info.family, info.zone, info.clique, info.schedulable,
+            tuple(kv for kv in info.labels if kv[0] not in VOLATILE_LABELS))
 
 
 def index_node(name: str, body: Any) -> dict[str, Any] | None:
     info = node_info(body)
     if info is None:
-        _schedulable.pop(name, None)
+        if _shapes.pop(name, None) is not None:
+            on_node_change(name)        # no GPUs any more (allocatable 0)
         return None
-    before = _schedulable.get(name)
-    _schedulable[name] = info.schedulable
-    if before is not None and before != info.schedulable:
-        on_capacity_change()
+    shape = node_shape(info)
+    before = _shapes.get(name)
+    _shapes[name] = shape
+    if before is not None and before != shape:
+        on_node_change(name)
     return {NODES_KEY: info}
+
+
+def deployments_on(usage: Iterable[tuple], node: str) -> list[tuple[str, str]]:
+    """(namespace, deployment) of the meshplan pods (entries of the `gpu_pods` index) on `node`, sorted."""
+    return sorted({(ns, dep) for ns, dep, n, _g in usage if dep and n == node})
 
 
 def index_pod(namespace: str, body: Any) -> dict[str, Any] | None:

@@ -44,6 +44,7 @@ autoscaling timer, see `handlers.AUTOSCALE_HOOK`) clamped to
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -530,6 +531,9 @@ class Reconciler:
     # (namespace, name) -> (type, status, reason, message) tuples the autoscaler wants in status.conditions;
     # the reconciler is the one writer of the list and merges them (status.merge_values).
     autoscaler_conditions: dict[tuple[str, str], tuple] = field(default_factory=dict)
+    # (namespace, name) -> placement.Claim: replicas a deployment waits to place, with its rank. Read and
+    # written only in the decide thread; a deployment ranked after a claim leaves the GPUs it would take.
+    claims: dict[tuple[str, str], Any] = field(default_factory=dict)
     _threads: Any = field(default=None, repr=False)
 
     async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -544,6 +548,7 @@ class Reconciler:
         self.world.forget(namespace, name)
         self.locks.pop((namespace, name), None)
         self.autoscaler_conditions.pop((namespace, name), None)
+        self.claims.pop((namespace, name), None)
         if uid:
             self.plans.pop(uid, None)
             self.plan_specs.pop(uid, None)
@@ -706,8 +711,28 @@ class Reconciler:
                           cds: list, refused: str | None = None) -> Outcome:
         # The topology is built here, not on the event loop: it walks every GPU node and pod. Reserving
         # in the same (single) thread makes "see free GPUs, place, reserve" one step (see World).
-        out = self._decide(body, self.world.topology_without(namespace, name), pods, services, cds, refused)
+        from meshplan.placement import Claim, held_for_claims, incumbency_rank
         from meshplan.topology import ASSIGNED_NODE_ANNOTATION, pod_gpus
+
+        topology = self.world.topology_without(namespace, name)
+        meta = body.get("metadata") or {}
+        key = (namespace, name)
+        rank = incumbency_rank((body.get("status") or {}).get("servingSince"), meta.get("creationTimestamp"),
+                               f"{namespace}/{name}")
+        rivals = [c for k, c in self.claims.items() if k != key and c.rank < rank]
+        held_for: tuple[str, ...] = ()
+        if rivals:
+            own = [((p.get("metadata") or {}).get("annotations", {}).get(ASSIGNED_NODE_ANNOTATION)
+                    or (p.get("spec") or {}).get("nodeName"), pod_gpus(p)) for p in pods]
+            held, owners = held_for_claims(topology, rivals, rank, [(n, g) for n, g in own if n and g > 0])
+            if held:
+                topology, held_for = topology.with_usage(held), tuple(owners)
+        out = self._decide(body, topology, pods, services, cds, refused, held_for)
+        if out.placement is not None and out.waiting > 0:
+            self.claims[key] = Claim(f"{namespace}/{name}", rank,
+                                     dataclasses.replace(out.placement.request, replicas=out.waiting))
+        else:
+            self.claims.pop(key, None)
 
         created = [(d["metadata"]["name"], (d["metadata"].get("annotations") or {}).get(ASSIGNED_NODE_ANNOTATION, ""),
                     pod_gpus(d)) for d, live in out.apply if d.get("kind") == "Pod" and live is None]
@@ -717,7 +742,7 @@ class Reconciler:
         return out
 
     def _decide(self, body: Mapping[str, Any], topology: Topology, pods: list, services: list,
-                cds: list, refused: str | None = None) -> Outcome:
+                cds: list, refused: str | None = None, held_for: tuple[str, ...] = ()) -> Outcome:
         """The pure part of a reconcile (runs in a worker thread). `refused`: the API server refused a
         child this spec renders (reported as InvalidSpec; nothing is changed)."""
         from pydantic import ValidationError
@@ -730,7 +755,7 @@ class Reconciler:
         common = dict(name=meta.get("name", ""), namespace=meta.get("namespace", ""), uid=meta.get("uid", ""),
                       generation=meta.get("generation"), topology=topology, pods=pods, services=services,
                       compute_domains=cds, previous_status=status, now=self.clock(),
-                      extra_conditions=tuple(self.autoscaler_conditions.get(key, ())))
+                      extra_conditions=tuple(self.autoscaler_conditions.get(key, ())), held_for=held_for)
         try:
             llmd = LLMDeployment.from_manifest(dict(body))
         except ValidationError as exc:

@@ -6,6 +6,12 @@ Start order (cluster-harness.md): etcd (/health) -> kube-apiserver (/readyz)
 (/-/ready). Every process gets a free loopback port, its own log file and its
 own process session, so it outlives `meshplan dev-cluster up`; the pids go to
 `state.json` and `down` stops them in reverse order.
+
+Once everything is up, `up` starts the supervisor (`supervisor.py`): a
+component that exits is started again with back-off, and `status` shows the
+restarts (count, last exit, when). `stop(component)` holds a component down on
+purpose (fault tests) until `start(component)`; `down` stops the supervisor
+first, then the components.
 """
 
 from __future__ import annotations
@@ -146,6 +152,23 @@ class Cluster:
                                 start_new_session=True, cwd=self.state_dir)
         logf.close()
         st.setdefault("pids", {})[name] = proc.pid
+        st.setdefault("argv", {})[name] = argv          # the supervisor starts it again with the same argv
+        self._save(st)
+
+    def _spawn_supervisor(self, st: dict[str, Any]) -> None:
+        import sys
+
+        import meshplan
+
+        env = dict(os.environ)
+        src = str(Path(meshplan.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        logf = open(self.state_dir / "logs" / "supervisor.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "meshplan.devcluster.supervisor", str(self.state_dir)],
+                                stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=self.state_dir, env=env)
+        logf.close()
+        st["supervisor"] = proc.pid
         self._save(st)
 
     def _wait(self, st: dict[str, Any], name: str, ready: Callable[[], bool], timeout: float) -> None:
@@ -181,7 +204,8 @@ class Cluster:
             return r.status == 200
 
     # ---- up / down / status ---------------------------------------------------
-    def up(self, fleet_names: list[str], prometheus: bool = True, timeout: float = 180) -> bool:
+    def up(self, fleet_names: list[str], prometheus: bool = True, timeout: float = 180,
+           supervise: bool = True) -> bool:
         """Start everything; returns False (and starts nothing) if already running."""
         alive = self.running()
         if alive:
@@ -211,6 +235,8 @@ class Cluster:
             raise
         st["ready_seconds"] = round(time.monotonic() - t0, 1)
         self._save(st)
+        if supervise:
+            self._spawn_supervisor(st)
         self.log(f"dev cluster up in {st['ready_seconds']}s; kubeconfig: {self.kubeconfig}")
         return True
 
@@ -345,13 +371,52 @@ class Cluster:
     def remove_scrape_target(self, name: str) -> None:
         (self.targets_dir / f"{name}.json").unlink(missing_ok=True)
 
-    def stop(self, component: str) -> None:
-        """Stop one component (e.g. Prometheus for failure tests); `start` is `up`'s job."""
+    def stop(self, component: str, sig: int = signal.SIGTERM) -> None:
+        """Stop one component and hold it down (the supervisor leaves it) until `start(component)`
+        (e.g. the API server or Prometheus taken away in a fault test)."""
+        from .supervisor import held_dir
+
+        held_dir(self.state_dir).mkdir(parents=True, exist_ok=True)
+        (held_dir(self.state_dir) / component).touch()
         pid = self.state().get("pids", {}).get(component)
         if pid:
-            _terminate(pid)
+            if sig == signal.SIGTERM:
+                _terminate(pid)
+            else:
+                try:
+                    os.killpg(pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def start(self, component: str, timeout: float = 30) -> int:
+        """Release a component held by `stop`: the supervisor starts it again (within its tick).
+        Returns the new pid."""
+        from .supervisor import held_dir
+
+        old = self.state().get("pids", {}).get(component)
+        (held_dir(self.state_dir) / component).unlink(missing_ok=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid = self.state().get("pids", {}).get(component)
+            if pid and pid != old and _alive(pid):
+                return pid
+            time.sleep(0.2)
+        raise ClusterError(f"{component} was not started again within {timeout:.0f}s (is the supervisor running? "
+                           f"{self.supervisor_status()})")
+
+    def supervisor_status(self) -> dict[str, Any]:
+        """The supervisor's pid, whether it runs, and per component what it restarted (supervisor.json)."""
+        pid = self.state().get("supervisor")
+        try:
+            doc = json.loads((self.state_dir / "supervisor.json").read_text())
+        except (OSError, ValueError):
+            doc = {}
+        return {"pid": pid, "alive": bool(pid) and _alive(pid), "components": doc.get("components", {})}
 
     def down(self, quiet: bool = False, keep_logs: bool = False) -> list[str]:
+        sup = self.state().get("supervisor")
+        if sup and _alive(sup):
+            _terminate(sup)          # first, so it starts nothing that is being stopped
         st = self.state()
         stopped = []
         for name in reversed(START_ORDER):
@@ -384,6 +449,8 @@ class Cluster:
             "prometheus": self.prometheus_url,
             "fleets": st.get("fleets", []),
             "ready_seconds": st.get("ready_seconds"),
+            # restarts per component: count, lastExit (code or last log line), lastExitAt, lastStartAt
+            "supervisor": self.supervisor_status() if st else None,
         }
 
 
