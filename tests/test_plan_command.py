@@ -164,6 +164,25 @@ def test_cli_reports_bad_manifests_by_field(tmp_path, capsys):
     assert "no LLMDeployment" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["plan", "render"])
+def test_cli_refuses_a_node_selector_the_api_server_refuses(tmp_path, capsys, command):
+    """Defect (issue 16): `meshplan plan` accepted a nodeSelector with selector syntax in a value (the API
+    server refuses such a label value, in the CRD's CEL rule and in a pod's nodeSelector)."""
+    f = tmp_path / "sel.yaml"
+    f.write_text(yaml.safe_dump(manifest(gpus={"products": ["h100"], "maxGpus": 8, "nodeSelector": {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3,NVIDIA-H200"}})))
+    assert main([command, str(f), "--fleet", "hgx-h100"]) == 2
+    err = capsys.readouterr().err
+    assert "spec.gpus.nodeSelector['nvidia.com/gpu.product']" in err and "is not a valid label value" in err
+
+
+def test_node_selectors_as_nodes_carry_them_are_accepted():
+    # label keys/values as GPU Feature Discovery and Kubernetes write them (an empty value is a valid value)
+    ok = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.clique": "cluster-a.0",
+          "topology.kubernetes.io/zone": "us-east-1a", "node-role.kubernetes.io/gpu": "", "Pool_A": "x." + "y" * 60}
+    assert spec_of(gpus={"nodeSelector": ok}).gpus.node_selector == ok
+
+
 def test_cli_unreadable_kubeconfig_is_a_clear_error(tmp_path, capsys):
     f = tmp_path / "llmd.yaml"
     f.write_text(yaml.safe_dump(manifest()))

@@ -118,27 +118,15 @@ def labels_can_carry(name: str) -> bool:
     return len(name) <= 63 and bool(re.match(DNS_LABEL_RE, name))
 
 
-# Label syntax (k8s.io/apimachinery validation: IsQualifiedName for keys, IsValidLabelValue for values).
-_LABEL_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
-_LABEL_PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-
-
 def node_selector_problems(selector: Mapping[str, str]) -> list[str]:
     """spec.gpus.nodeSelector entries that are not valid label keys/values (they would never match a
-    node, and pods carrying them are refused): the user is told which, not "no capacity"."""
-    import re
+    node, and pods carrying them are refused): the user is told which, not "no capacity". The rule is
+    the API's (`api.models.label_selector_problems`, also a CEL rule of the CRD), so a manifest parsed
+    by `LLMDeployment.from_manifest` already passed it; this is a second line for stored objects that
+    predate the rule."""
+    from meshplan.api.models import label_selector_problems
 
-    out = []
-    for key, value in selector.items():
-        prefix, _, name = key.rpartition("/")
-        if not (re.fullmatch(_LABEL_NAME, name) and len(name) <= 63
-                and (not prefix or (len(prefix) <= 253 and re.fullmatch(_LABEL_PREFIX, prefix)))):
-            out.append(f"spec.gpus.nodeSelector: {key!r} is not a valid label key ([prefix/]name, name <= 63 "
-                       "characters of letters, digits, '-', '_', '.')")
-        if value and not (len(value) <= 63 and re.fullmatch(_LABEL_NAME, value)):
-            out.append(f"spec.gpus.nodeSelector[{key!r}]: {value!r} is not a valid label value (<= 63 characters "
-                       "of letters, digits, '-', '_', '.'; selector syntax such as ',' or '!=' is not allowed)")
-    return out
+    return label_selector_problems(dict(selector))
 
 
 def _capacity_message(spec: Any, topology: Topology, reason: str) -> tuple[str, str]:
