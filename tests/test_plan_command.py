@@ -103,8 +103,23 @@ def test_pinned_knobs_and_replicas_are_respected():
                    objective="maxThroughput")
     p = plan_for_spec(spec)
     c = p.choice
-    assert (c.layout.tp, c.layout.dp, c.chunk_size) == (2, 2, 1024)
-    assert c.max_num_seqs <= 32
+    assert (c.layout.tp, c.layout.dp, c.chunk_size, c.max_num_seqs) == (2, 2, 1024, 32)
+
+
+def test_a_pinned_batch_limit_beyond_the_kv_cache_is_kept_and_said():
+    """Defect (issue 16): a pinned `maxNumSeqs: 512` silently became the KV-cache limit (here 81). It is
+    kept (the engine flag is what the user pinned) and the plan says what the cache holds."""
+    spec = spec_of(model={"name": "llama-3.1-70b"}, precision={"weights": "fp8"}, objective="maxThroughput",
+                   workload={"inputTokens": 4096, "outputTokens": 512, "maxContext": 16384},
+                   parallelism={"tensor": 4, "pipeline": 1, "maxNumSeqs": 512})
+    p = plan_for_spec(spec)
+    c = p.choice
+    assert c.max_num_seqs == 512 and c.memory.max_concurrency < 512
+    assert all(x.max_num_seqs == 512 for x in p.frontier)
+    assert "--max-num-seqs" in p.extra["engine_args"]
+    assert p.extra["engine_args"][p.extra["engine_args"].index("--max-num-seqs") + 1] == "512"
+    said = f"maxNumSeqs 512 is pinned and kept, although the KV cache of TP4 holds {c.memory.max_concurrency:,} sequences"
+    assert said in p.reason and any(said in n for n in p.extra["notes"])
 
 
 def test_explicit_architecture_matches_the_catalogue_entry():

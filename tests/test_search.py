@@ -123,6 +123,16 @@ def test_batch_limits_beyond_the_kv_cache_are_replaced_by_the_cache_limit():
     assert {c.max_num_seqs for c in res.candidates} == {16, 32, 48}
 
 
+def test_pinned_batch_limits_are_used_as_given():
+    def small_cache(model, gpu, layout, **kw):
+        return MemoryFit(True, 0, 0, 0, 0, 0, 1000, 48)
+    res = search(LLAMA8, H100, 8, Workload(), space=SearchSpace(chunk_sizes=(512,), max_num_seqs=(512,),
+                                                                max_num_seqs_pinned=True,
+                                                                weight_dtype="bf16", kv_dtype="bf16"),
+                 predictor=fake_predictor(), memory_fn=small_cache)
+    assert res.candidates and {c.max_num_seqs for c in res.candidates} == {512}
+
+
 def test_fleet_limits_replicas_and_rejects_with_numbers():
     fleet = Fleet((FleetDomain("n0", "NVIDIA-H100-80GB-HBM3", "h100_sxm", 8, 6, 8, "a"),
                    FleetDomain("n1", "NVIDIA-H100-80GB-HBM3", "h100_sxm", 8, 3, 8, "a")))

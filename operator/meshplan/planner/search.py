@@ -36,7 +36,8 @@ Algorithm
    limits (`max_num_seqs`, powers of two by default); `auto` dtypes are
    decided once per GPU product, independent of the budget. Batch limits
    beyond what the KV cache holds are dropped, the KV-cache limit itself is
-   added, and a chunk whose activations do not fit is skipped. Two prunings
+   added (unless the batch limit is pinned: `max_num_seqs_pinned` keeps it as
+   given), and a chunk whose activations do not fit is skipped. Two prunings
    keep the sweep short without changing the frontier: once a larger batch
    limit stops raising tokens/s/GPU the rest of that sweep is dominated, and
    once it misses the SLO's ITL bound the larger ones miss it too.
@@ -82,6 +83,10 @@ class SearchSpace:
     pipeline: int | None = None
     chunk_sizes: tuple[int, ...] = CHUNK_SIZES
     max_num_seqs: tuple[int, ...] = MAX_NUM_SEQS
+    # The batch limits were pinned by the user (spec.parallelism.maxNumSeqs): used as given, never replaced
+    # by the KV-cache limit (the engines accept a batch limit above what the cache holds and queue/preempt
+    # beyond it; the performance model prices that queueing and the plan says so).
+    max_num_seqs_pinned: bool = False
     weight_dtype: Dtype | Literal["auto"] = "auto"
     kv_dtype: Dtype | Literal["auto"] = "auto"
     accuracy_floor: Dtype = "fp8"
@@ -308,7 +313,10 @@ def search(
             if not fit.fits:
                 continue
             cap = max(1, fit.max_concurrency)
-            seqs = sorted({s for s in space.max_num_seqs if s <= cap} | {min(cap, max(space.max_num_seqs))})
+            if space.max_num_seqs_pinned:
+                seqs = sorted(set(space.max_num_seqs))
+            else:
+                seqs = sorted({s for s in space.max_num_seqs if s <= cap} | {min(cap, max(space.max_num_seqs))})
             for n_dp in dps:
                 per_replica = _per_replica_workload(workload, n_dp)
                 layout = replace(shape, dp=n_dp)
