@@ -15,7 +15,10 @@ Algorithm
      the collectives); with a fleet, the fleet rule below checks the stages
      against each domain's free GPUs instead;
    - engine: `engines.check_layout` (e.g. vLLM needs heads divisible by TP
-     and experts enough for EP = TP x DP; SGLang DeepEP needs tp = 1);
+     and experts enough for EP = TP x DP; SGLang DeepEP needs tp = 1), with
+     the GPUs per node, so that the rules on how a replica splits into pods
+     (vLLM's expert parallelism across pods: no PP, whole DP ranks per pod)
+     are the renderer's own (`engines.check_pods`);
    - memory: the weights plus the smallest chunk's activations and one
      sequence of KV cache fit (`memory.memory_fit`);
    - fleet: at least one replica fits the free GPUs (`Fleet.replica_slots`,
@@ -126,7 +129,7 @@ def domain_gpus(gpu: Any) -> int:
 
 
 def shape_rule(model: Any, tp: int, ep: int, pp: int, *, domain: int, allow_cross_domain: bool,
-               engine: Engine | None, a2a_backend: str | None = None) -> str | None:
+               engine: Engine | None, a2a_backend: str | None = None, gpus_per_node: int | None = None) -> str | None:
     """The first structural rule (model, topology, engine) that `tp x ep x pp` breaks, or None."""
     heads = model.num_attention_heads
     if tp > heads:
@@ -141,7 +144,8 @@ def shape_rule(model: Any, tp: int, ep: int, pp: int, *, domain: int, allow_cros
         return (f"one stage (TP{tp} x EP{ep} = {tp * ep} GPUs) exceeds the {domain}-GPU NVLink domain; "
                 f"TP/EP groups stay inside a domain (set allow_cross_domain to price the NIC instead)")
     if engine is not None:
-        return engines_mod.check_layout(Layout(tp, ep, pp), engine, model, a2a_backend=a2a_backend)
+        return engines_mod.check_layout(Layout(tp, ep, pp), engine, model, a2a_backend=a2a_backend,
+                                        gpus_per_node=gpus_per_node)
     return None
 
 
@@ -176,6 +180,10 @@ def enumerate_shapes(
     """
     # With a fleet, the fleet rule below checks stages against each domain's FREE GPUs.
     domain = domain_gpus(gpu) if fleet is None else max_gpus
+    # GPUs per node, as placement and the renderer will split a replica into pods (the fleet's nodes when
+    # given, as `Fleet.gpus_per_pod` counts them; else the catalogue's node)
+    per_node = max((d.gpus_per_node for d in fleet.domains), default=0) if fleet is not None else 0
+    per_node = per_node or getattr(gpu, "gpus_per_node", 0) or None
     tps, eps, pps = _shape_values(model, max_gpus, space)
     ok: list[tuple[Layout, int]] = []
     rejected: list[Rejected] = []
@@ -188,7 +196,7 @@ def enumerate_shapes(
                     continue
                 shape = Layout(tp, ep, pp)
                 reason = shape_rule(model, tp, ep, pp, domain=domain, allow_cross_domain=space.allow_cross_domain,
-                                    engine=engine, a2a_backend=space.a2a_backend)
+                                    engine=engine, a2a_backend=space.a2a_backend, gpus_per_node=per_node)
                 if reason is None and memory_fn is not None:
                     fit = memory_fn(model, gpu, shape, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                     context_tokens=context_tokens, chunk_size=min_chunk, max_num_seqs=1,
