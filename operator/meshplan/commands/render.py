@@ -57,9 +57,13 @@ def _header(result: Any, fleet: str) -> list[str]:
     lines = [f"meshplan render: {fleet}"]
     if c is None:
         return lines + [f"no feasible plan: {result.plan.reason}"]
-    lines.append(f"plan: {c.layout.label()} x {c.layout.dp} replica(s) on {c.gpu or result.product} "
+    n = result.request.replicas if result.request is not None else c.layout.dp
+    lines.append(f"plan: {c.layout.label()} x {n} replica(s) on {c.gpu or result.product} "
                  f"({result.product}), {c.engine}, weights {c.weight_dtype}, KV {c.kv_dtype}, chunk {c.chunk_size}, "
                  f"max seqs {c.max_num_seqs}")
+    if result.replicas_why:
+        lines.append(f"replicas: {n}, as the operator applies them: {result.replicas_why}"
+                     + (f" (the SLO search sized DP{c.layout.dp} for spec.workload)" if c.layout.dp != n else ""))
     p = c.prediction
     lines.append(f"predicted: TTFT {p.ttft_ms:.0f} ms, ITL {p.tpot_ms:.1f} ms, {p.tokens_per_s_per_gpu:.0f} tok/s/GPU, "
                  f"{p.tokens_per_s_per_user:.1f} tok/s/user")

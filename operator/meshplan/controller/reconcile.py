@@ -76,14 +76,11 @@ CD_API = "resource.nvidia.com/v1beta1"
 
 
 def desired_replicas(spec: Any, status: Mapping[str, Any] | None) -> int:
-    """spec.replicas, or the autoscaler's decision within [minReplicas, maxReplicas] (see module doc)."""
-    a = spec.autoscaling
-    if not a.enabled:
-        return spec.replicas
-    decided = ((status or {}).get("autoscaling") or {}).get("toReplicas")
-    n = spec.replicas if decided is None else int(decided)
-    hi = a.max_replicas if a.max_replicas is not None else n
-    return max(a.min_replicas, min(n, hi))
+    """spec.replicas, or the autoscaler's decision within [minReplicas, maxReplicas] (see module doc).
+    The rule is `render.pipeline.replicas_and_why`, which `meshplan render` uses too."""
+    from meshplan.render.pipeline import desired_replicas as rule
+
+    return rule(spec, status)
 
 
 def _planned_spec(spec: Any) -> dict[str, Any]:
