@@ -126,7 +126,7 @@ def test_render_places_the_replicas_the_operator_applies_with_the_operators_pods
     res = plan_place_render(d, topo)
     assert d.spec.autoscaling.enabled and res.plan.choice.layout.dp > 2         # the search sized more
     assert desired_replicas(d.spec, None) == 2 == res.request.replicas == len(res.rendered.groups)
-    assert "spec.replicas (2)" in res.replicas_why and "maxReplicas 8" in res.replicas_why
+    assert "spec.replicas 2, where autoscaling starts" in res.replicas_why and "maxReplicas 8" in res.replicas_why
 
     plan = plan_for_spec(d.spec, topo.to_fleet())
     out = decide(Inputs(name=d.name, namespace="ml", uid="u-1", generation=1,
@@ -144,5 +144,7 @@ def test_render_command_header_says_where_the_replica_count_comes_from(capsys):
     out = capsys.readouterr().out
     header = [line for line in out.splitlines() if line.startswith("# ")]
     assert any(line.startswith("# plan: ") and " x 2 replica(s) " in line for line in header), header
-    assert any("as the operator applies them: spec.replicas (2)" in line and "the SLO search sized DP" in line for line in header)
+    assert any(line.startswith("# deployed: running ") and "x 2 replica(s)" in line and "spec.replicas 2," in line
+               and "the SLO search sized DP" in line for line in header), header
+    assert any(line.startswith("# search: balanced: ") for line in header)
     assert out.count("\nkind: Pod\n") == 2

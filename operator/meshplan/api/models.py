@@ -1089,7 +1089,8 @@ class PlanSummary(ApiModel):
     tp: int = Field(ge=1, description="Tensor-parallel size.")
     ep: int = Field(default=1, ge=1, description="Expert-parallel size.")
     pp: int = Field(default=1, ge=1, description="Pipeline stages.")
-    dp: int = Field(default=1, ge=0, description="Data-parallel replicas the plan sizes for.")
+    dp: int = Field(default=1, ge=0, description="Data-parallel replicas: in status.plan the count deployed "
+                    "(desiredReplicas), in alternatives the count the SLO search sized for spec.workload.")
     gpus_per_replica: int = Field(ge=1, description="GPUs in one replica (tp x ep x pp).")
     nodes_per_replica: int | None = Field(default=None, ge=1, description="Nodes one replica spans.")
     gpu_product: str | None = _str("GPU product the plan is for.", 128, default=None)
@@ -1103,7 +1104,13 @@ class PlanSummary(ApiModel):
 
 
 class PlanStatus(PlanSummary):
-    """The chosen plan."""
+    """The chosen plan. `reason` describes what is deployed (the layout at desiredReplicas); `searchReason`
+    what the SLO search saw (its own DP for spec.workload, the objective, the next best)."""
+
+    search_reason: str | None = _str(
+        "What the SLO search saw and why it chose this layout: its replica count (DP) is what it sized for "
+        "spec.workload, which the deployed count (spec.replicas, the autoscaler) may differ from.", 4096,
+        default=None)
 
 
 class ReplicaPlacement(ApiModel):

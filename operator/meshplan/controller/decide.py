@@ -215,6 +215,8 @@ class Inputs:
     now: datetime = datetime(1970, 1, 1)
     # (type, status, reason, message) from the autoscaler (e.g. ScalingActive), merged into ours
     extra_conditions: tuple[tuple[str, bool | str, str, str], ...] = ()
+    # where desired_replicas comes from (render.pipeline.replicas_and_why), for the plan's explanation
+    replicas_why: str = ""
 
 
 @dataclass
@@ -567,8 +569,13 @@ def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGr
     ready = len(ready_current) + len(ready_stale)
     req = placement.request
     short = len(placement.unplaced)
+    # What is deployed (the layout at R replicas) and, separately, what the SLO search saw (plan.reason:
+    # its own DP for spec.workload), so that the explanation never describes replicas that do not run.
+    from meshplan.planner.objectives import describe_deployed
+
+    deployed = describe_deployed(plan.choice, R, inp.replicas_why, t.product)
     values: list[tuple[str, bool | str, str, str]] = [
-        ("Planned", True, "PlanChosen", plan.reason or candidate.layout.label()),
+        ("Planned", True, "PlanChosen", deployed + (f". The SLO search: {plan.reason}" if plan.reason else "")),
     ]
     if short:
         free = placement.unplaced[0].free_gpus_by_domain
@@ -616,9 +623,9 @@ def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGr
     status: dict[str, Any] = {
         "observedGeneration": inp.generation,
         "conditions": conds,
-        "plan": st.plan_summary(dataclasses.replace(candidate, layout=dataclasses.replace(
-            candidate.layout, dp=max(1, R))), plan.reason, nodes_per_replica=nodes_per_replica,
-            gpu_product=t.product),
+        "plan": {**st.plan_summary(dataclasses.replace(candidate, layout=dataclasses.replace(
+            candidate.layout, dp=max(1, R))), deployed, nodes_per_replica=nodes_per_replica,
+            gpu_product=t.product), **({"searchReason": plan.reason[:4096]} if plan.reason else {})},
         "alternatives": [st.plan_summary(a) for a in plan.alternatives[:8]],
         "placement": [
             {"index": r.index, "nvlinkDomain": r.domains[0] if r.single_domain else ",".join(r.domains)[:253],

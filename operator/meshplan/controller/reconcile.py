@@ -515,7 +515,9 @@ class Reconciler:
             msg = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
             return decide(Inputs(desired_replicas=0, planned_reason="InvalidSpec", planned_message=msg, **common))
         spec = llmd.spec
-        desired = desired_replicas(spec, status)
+        from meshplan.render.pipeline import replicas_and_why
+
+        desired, replicas_why = replicas_and_why(spec, status)
         if refused is not None:
             return decide(Inputs(desired_replicas=desired, planned_reason="InvalidSpec", planned_message=refused,
                                  **common))
@@ -533,7 +535,7 @@ class Reconciler:
             return decide(Inputs(desired_replicas=desired, planned_reason=reason, planned_message=message,
                                  **common))
         target = target_for(spec, plan, topology, bool(self.compute_domains))
-        outcome = decide(Inputs(desired_replicas=desired, target=target, **common))
+        outcome = decide(Inputs(desired_replicas=desired, target=target, replicas_why=replicas_why, **common))
         if outcome.placement is not None and outcome.placement.unplaced:
             # The planned product is full: another product the spec allows may hold every replica.
             from meshplan.planner import plan_for_spec
@@ -544,7 +546,7 @@ class Reconciler:
                 self.plans[common["uid"]] = (plan_key(spec, topology), alt.plan)
                 self.plan_specs[common["uid"]] = spec_key(spec)
                 self.plans_moved.add(common["uid"])
-                outcome = decide(Inputs(desired_replicas=desired, target=alt, **common))
+                outcome = decide(Inputs(desired_replicas=desired, target=alt, replicas_why=replicas_why, **common))
                 message = (f"{target.product} has room for {fit} of {desired} replica(s), {alt.product} for all: "
                            f"planned again on {alt.product} as {alt.plan.choice.layout.label()} "
                            f"({alt.plan.choice.layout.gpus_per_replica} GPUs per replica); the running groups "

@@ -62,10 +62,10 @@ def replicas_and_why(spec: Any, status: Mapping[str, Any] | None = None) -> tupl
     n = spec.replicas if decided is None else int(decided)
     hi = a.max_replicas if a.max_replicas is not None else n
     out = max(a.min_replicas, min(n, hi))
-    src = (f"the autoscaler's last decision ({int(decided)})" if decided is not None
-           else f"spec.replicas ({spec.replicas}), where autoscaling starts")
+    src = (f"the autoscaler's last decision, {int(decided)}," if decided is not None
+           else f"spec.replicas {spec.replicas}, where autoscaling starts,")
     bounds = f"within autoscaling.minReplicas {a.min_replicas} .. maxReplicas {hi}"
-    return out, f"{src}{', clamped' if out != n else ''} {bounds}"
+    return out, f"{src}{' clamped' if out != n else ''} {bounds}"
 
 
 def desired_replicas(spec: Any, status: Mapping[str, Any] | None = None) -> int:
