@@ -47,7 +47,7 @@ def _narrow(spec):
     return dataclasses.replace(
         space,
         chunk_sizes=space.chunk_sizes if pinned(p.chunk_size) else (256, 2048),
-        max_num_seqs=space.max_num_seqs if pinned(p.max_num_seqs) else (1, 16, 256))
+        max_num_seqs=space.max_num_seqs if pinned(p.max_num_seqs) else (1, 16, 512))
 
 
 def test_the_sweep_covers_every_example_engine_and_fleet():

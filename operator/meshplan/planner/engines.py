@@ -121,6 +121,21 @@ def check_pods(layout: Layout, engine: Engine, pods: int, gpus_per_pod: int) -> 
     return None
 
 
+def check_knobs(engine: Engine, chunk_size: int | None, max_num_seqs: int | None) -> str | None:
+    """Why `engine` refuses this chunk size / batch limit pair (None when it accepts it).
+
+    vLLM: `SchedulerConfig.verify_max_model_len` raises "max_num_batched_tokens (C) must be greater than
+    or equal to max_num_seqs (S)" at startup (vllm/config/scheduler.py, v0.11-v0.12; every running
+    sequence takes at least one token of the step's budget). SGLang and TensorRT-LLM cap the batch by
+    the token budget at run time instead of refusing the pair.
+    """
+    if engine == "vllm" and chunk_size and max_num_seqs and chunk_size < max_num_seqs:
+        return (f"vLLM refuses --max-num-batched-tokens {chunk_size} below --max-num-seqs {max_num_seqs} "
+                "(vllm/config/scheduler.py: max_num_batched_tokens must be >= max_num_seqs); raise "
+                "spec.parallelism.chunkSize or lower spec.parallelism.maxNumSeqs")
+    return None
+
+
 def check_layout(layout: Layout, engine: Engine, model: Any = None, *, a2a_backend: str | None = None,
                  gpus_per_node: int | None = None) -> str | None:
     """Why `engine` cannot run `layout` (None when it can).
@@ -251,4 +266,4 @@ def engine_layout(
     return EngineLayout(engine=engine, flags=flags, config=config, pp=pp, exact=exact, notes=tuple(notes), **eff)
 
 
-__all__ = ["ENGINES", "EngineLayout", "check_layout", "check_pods", "engine_layout", "replica_pods"]
+__all__ = ["ENGINES", "EngineLayout", "check_knobs", "check_layout", "check_pods", "engine_layout", "replica_pods"]

@@ -314,6 +314,8 @@ def search(
                                             f"only {max_dp} replicas fit"))
             continue
         mapping = _effective(shape, engine, model, space) if as_engine_runs else shape
+        knob_refusals: list[str] = []
+        before = len(candidates)
         for chunk in space.chunk_sizes:
             fit = memory_fn(model, gpu, mapping, weight_dtype=wd, kv_dtype=kd, context_tokens=context,
                             chunk_size=chunk, max_num_seqs=max(space.max_num_seqs), engine=engine,
@@ -325,6 +327,10 @@ def search(
                 seqs = sorted(set(space.max_num_seqs))
             else:
                 seqs = sorted({s for s in space.max_num_seqs if s <= cap} | {min(cap, max(space.max_num_seqs))})
+            # pairs the engine refuses at startup (vLLM: batched tokens >= batch limit) are never proposed
+            refusals = [engines_mod.check_knobs(engine, chunk, s) for s in seqs]
+            knob_refusals += [r for r in refusals if r]
+            seqs = [s for s, r in zip(seqs, refusals) if r is None]
             for n_dp in dps:
                 per_replica = _per_replica_workload(workload, n_dp)
                 layout = replace(shape, dp=n_dp)
@@ -342,6 +348,8 @@ def search(
                     candidates.append(Candidate(layout, wd, kd, chunk, s, fit, pred, engine, gpu.name))
                     if max_itl_ms is not None and pred.tpot_ms > max_itl_ms:
                         break
+        if knob_refusals and len(candidates) == before:       # every knob pair of this shape was refused
+            rejected.append(Rejected(shape, f"engine: {knob_refusals[0]}"))
     return SearchResult(tuple(candidates), tuple(rejected), tuple(replace(s, dp=d) for s, d in shapes), wd, kd,
                         evaluated, tuple(notes))
 

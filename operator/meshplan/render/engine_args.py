@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from meshplan.planner.engines import check_pods, engine_layout
+from meshplan.planner.engines import check_knobs, check_pods, engine_layout
 from meshplan.planner.types import Candidate, Engine
 from meshplan.render.nccl import Explanation
 
@@ -261,7 +261,8 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
                        memory_fraction=fraction, kv_dtype=candidate.kv_dtype)
     # How the replica is split into pods: the planner's search asks the same predicate
     # (planner.engines.check_layout with gpus_per_node), so a planned layout passes it.
-    refused = check_pods(layout, engine, role.pods, role.gpus_per_pod)
+    refused = check_pods(layout, engine, role.pods, role.gpus_per_pod) or \
+        check_knobs(engine, candidate.chunk_size, candidate.max_num_seqs)
     if refused:
         raise RenderError(refused)
     src = f"plan {layout.label()} (meshplan.planner.engines)"
