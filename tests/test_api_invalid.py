@@ -66,6 +66,13 @@ INVALID_CASES: list[tuple[str, dict, str]] = [
     ("pinned-exceeds-max-gpus", {"parallelism": {"tensor": 8, "pipeline": 2}, "gpus": {"maxGpus": 8}}, "spec.gpus.maxGpus"),
     ("pinned-times-replicas-exceeds-max-gpus", {"parallelism": {"tensor": 4}, "replicas": 3, "gpus": {"maxGpus": 8}}, "spec.gpus.maxGpus"),
     ("max-gpus-zero", {"gpus": {"maxGpus": 0}}, "spec.gpus.maxGpus"),
+    # defect (issue 16): `meshplan plan` accepted node selectors the API server refuses in a pod
+    ("node-selector-value-list", {"gpus": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3,NVIDIA-H200"}}}, "spec.gpus.nodeSelector"),
+    ("node-selector-value-operator", {"gpus": {"nodeSelector": {"meshplan.dev/fleet": "!=hgx-h100"}}}, "spec.gpus.nodeSelector"),
+    ("node-selector-key-space", {"gpus": {"nodeSelector": {"gpu type": "h100"}}}, "spec.gpus.nodeSelector"),
+    ("node-selector-key-upper-prefix", {"gpus": {"nodeSelector": {"NVIDIA.com/gpu.product": "NVIDIA-H200"}}}, "spec.gpus.nodeSelector"),
+    ("node-selector-key-name-too-long", {"gpus": {"nodeSelector": {"meshplan.dev/" + "n" * 64: "x"}}}, "spec.gpus.nodeSelector"),
+    ("node-selector-key-prefix-too-long", {"gpus": {"nodeSelector": {"p" * 254 + "/fleet": "x"}}}, "spec.gpus.nodeSelector"),
     ("tensor-does-not-divide-heads", {"model": {"name": "my-dense", "architecture": DENSE_ARCH}, "parallelism": {"tensor": 3}}, "spec.parallelism.tensor"),
     ("expert-on-dense-model", {"model": {"name": "my-dense", "architecture": DENSE_ARCH}, "parallelism": {"expert": 4}}, "spec.parallelism.expert"),
     ("experts-per-token-above-experts", {"model": {"name": "my-moe", "architecture": {**{k: v for k, v in DENSE_ARCH.items() if k != "intermediateSize"}, "experts": 8, "expertsPerToken": 16, "moeIntermediateSize": 14336}}}, "spec.model.architecture.expertsPerToken"),

@@ -98,3 +98,12 @@ def test_dense_model_rejects_expert_parallelism_everywhere():
 
 def test_unknown_engine_is_named():
     assert "use one of" in check_layout(Layout(), "tgi")  # type: ignore[arg-type]
+
+
+def test_vllm_refuses_fewer_batched_tokens_than_sequences():
+    from meshplan.planner.engines import check_knobs
+
+    # vllm/config/scheduler.py: max_num_batched_tokens must be >= max_num_seqs
+    assert "must be >= max_num_seqs" in check_knobs("vllm", 128, 400)
+    assert check_knobs("vllm", 400, 400) is None and check_knobs("vllm", 2048, 256) is None
+    assert check_knobs("sglang", 128, 400) is None and check_knobs("trtllm", 128, 400) is None

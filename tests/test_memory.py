@@ -79,6 +79,32 @@ def test_trtllm_fraction_of_free_memory_leaves_more_kv_than_fraction_of_total():
     assert used <= 0.9 * H100.memory_bytes * (1 + 1e-9)
 
 
+def _gib_figures(reason):
+    import re
+
+    return [float(x) for x in re.findall(r"([0-9][0-9,]*\.[0-9]) GiB", reason.replace(",", ""))]
+
+
+@pytest.mark.parametrize("engine,headroom", [("trtllm", 0.0), ("trtllm", 0.1), ("vllm", 0.0), ("sglang", 0.1)])
+def test_weights_rejection_states_the_true_need_and_limit(engine, headroom):
+    """Defect (issue 16): TensorRT-LLM's rejection said "= 955.3 GiB per GPU exceed the 955.3 GiB usable":
+    the "usable" figure was built from the need itself. The message must give the need and the real limit
+    (all memory less headroom for TensorRT-LLM, the memory fraction of total for vLLM/SGLang)."""
+    gpt = get_model("gpt-moe-1.8t")
+    gb200 = get_gpu("gb200")
+    fit = memory_fit(gpt, gb200, Layout(), weight_dtype="fp4", kv_dtype="fp8", context_tokens=4096,
+                     engine=engine, memory_fraction=0.9, headroom=headroom)
+    assert not fit.fits
+    need = (fit.weights_bytes + fit.activation_bytes + fit.runtime_bytes) / 2**30
+    limit = gb200.memory_bytes / 2**30 * ((1 - headroom) if engine == "trtllm" else (0.9 - headroom))
+    figures = _gib_figures(fit.reason)
+    # weights, activations, runtime, their sum, the limit, the GPU's total
+    assert figures[3] == pytest.approx(need, abs=0.05)
+    assert figures[4] == pytest.approx(limit, abs=0.05)
+    assert figures[3] > figures[4]
+    assert fit.usable_bytes == pytest.approx(limit * 2**30)
+
+
 def test_headroom_and_longer_context_never_raise_capacity():
     m = get_model("qwen3-32b")
     base = memory_fit(m, H100, Layout(tp=2), weight_dtype="bf16", kv_dtype="bf16", context_tokens=4096)

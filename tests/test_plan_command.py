@@ -103,8 +103,23 @@ def test_pinned_knobs_and_replicas_are_respected():
                    objective="maxThroughput")
     p = plan_for_spec(spec)
     c = p.choice
-    assert (c.layout.tp, c.layout.dp, c.chunk_size) == (2, 2, 1024)
-    assert c.max_num_seqs <= 32
+    assert (c.layout.tp, c.layout.dp, c.chunk_size, c.max_num_seqs) == (2, 2, 1024, 32)
+
+
+def test_a_pinned_batch_limit_beyond_the_kv_cache_is_kept_and_said():
+    """Defect (issue 16): a pinned `maxNumSeqs: 512` silently became the KV-cache limit (here 81). It is
+    kept (the engine flag is what the user pinned) and the plan says what the cache holds."""
+    spec = spec_of(model={"name": "llama-3.1-70b"}, precision={"weights": "fp8"}, objective="maxThroughput",
+                   workload={"inputTokens": 4096, "outputTokens": 512, "maxContext": 16384},
+                   parallelism={"tensor": 4, "pipeline": 1, "maxNumSeqs": 512})
+    p = plan_for_spec(spec)
+    c = p.choice
+    assert c.max_num_seqs == 512 and c.memory.max_concurrency < 512
+    assert all(x.max_num_seqs == 512 for x in p.frontier)
+    assert "--max-num-seqs" in p.extra["engine_args"]
+    assert p.extra["engine_args"][p.extra["engine_args"].index("--max-num-seqs") + 1] == "512"
+    said = f"maxNumSeqs 512 is pinned and kept, although the KV cache of TP4 holds {c.memory.max_concurrency:,} sequences"
+    assert said in p.reason and any(said in n for n in p.extra["notes"])
 
 
 def test_explicit_architecture_matches_the_catalogue_entry():
@@ -162,6 +177,25 @@ def test_cli_reports_bad_manifests_by_field(tmp_path, capsys):
     g.write_text("kind: ConfigMap\n")
     assert main(["plan", str(g)]) == 2
     assert "no LLMDeployment" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["plan", "render"])
+def test_cli_refuses_a_node_selector_the_api_server_refuses(tmp_path, capsys, command):
+    """Defect (issue 16): `meshplan plan` accepted a nodeSelector with selector syntax in a value (the API
+    server refuses such a label value, in the CRD's CEL rule and in a pod's nodeSelector)."""
+    f = tmp_path / "sel.yaml"
+    f.write_text(yaml.safe_dump(manifest(gpus={"products": ["h100"], "maxGpus": 8, "nodeSelector": {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3,NVIDIA-H200"}})))
+    assert main([command, str(f), "--fleet", "hgx-h100"]) == 2
+    err = capsys.readouterr().err
+    assert "spec.gpus.nodeSelector['nvidia.com/gpu.product']" in err and "is not a valid label value" in err
+
+
+def test_node_selectors_as_nodes_carry_them_are_accepted():
+    # label keys/values as GPU Feature Discovery and Kubernetes write them (an empty value is a valid value)
+    ok = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.clique": "cluster-a.0",
+          "topology.kubernetes.io/zone": "us-east-1a", "node-role.kubernetes.io/gpu": "", "Pool_A": "x." + "y" * 60}
+    assert spec_of(gpus={"nodeSelector": ok}).gpus.node_selector == ok
 
 
 def test_cli_unreadable_kubeconfig_is_a_clear_error(tmp_path, capsys):

@@ -49,7 +49,8 @@ def test_pipeline_places_on_the_planned_product_and_respects_node_selector():
 
 def test_pipeline_keeps_existing_and_reports_unplaced():
     topo = build_topology(hgx_h100(2))
-    res = plan_place_render(llmd(), topo, plan=fixed_plan(Layout(tp=8, dp=3), "h100_sxm"), existing={0: ["hgx-1"]})
+    res = plan_place_render(llmd(), topo, plan=fixed_plan(Layout(tp=8, dp=3), "h100_sxm"), existing={0: ["hgx-1"]},
+                            replicas=3)
     assert res.placement.replica(0).nodes == ("hgx-1",) and res.placement.replica(0).kept
     assert len(res.rendered.groups) == 2 and len(res.placement.unplaced) == 1
     assert "replica 2" in res.message
@@ -106,3 +107,44 @@ def test_render_command_fails_clearly_without_matching_nodes(capsys, tmp_path):
     rc = main(["render", str(path), "--fleet", "mixed"])
     err = capsys.readouterr().err
     assert rc == 1 and "no feasible plan" in err
+
+
+def test_render_places_the_replicas_the_operator_applies_with_the_operators_pods():
+    """Defect (issue 16): `meshplan render` of an autoscaled manifest rendered the plan's DP (what the SLO
+    search sized for the workload: 6 here) where the operator applies spec.replicas (2, autoscaling
+    starts there). Render now counts replicas with the controller's own rule and renders the same pods
+    (names, plan hash) the controller's `decide` creates."""
+    from meshplan.controller.decide import Inputs, decide, target_for
+    from meshplan.controller.reconcile import desired_replicas
+    from meshplan.devcluster.fleets import fleet_nodes, load_fleet
+    from meshplan.planner import plan_for_spec
+
+    m = yaml.safe_load((EXAMPLES / "llama-3.1-70b-hgx-h100.yaml").read_text())
+    m["metadata"].update(namespace="ml", uid="u-1")
+    d = LLMDeployment.from_manifest(m)
+    topo = build_topology(fleet_nodes(load_fleet("hgx-h100")), ready_if_unknown=True)
+    res = plan_place_render(d, topo)
+    assert d.spec.autoscaling.enabled and res.plan.choice.layout.dp > 2         # the search sized more
+    assert desired_replicas(d.spec, None) == 2 == res.request.replicas == len(res.rendered.groups)
+    assert "spec.replicas 2, where autoscaling starts" in res.replicas_why and "maxReplicas 8" in res.replicas_why
+
+    plan = plan_for_spec(d.spec, topo.to_fleet())
+    out = decide(Inputs(name=d.name, namespace="ml", uid="u-1", generation=1,
+                        desired_replicas=desired_replicas(d.spec, None), topology=topo, pods=[], services=[],
+                        target=target_for(d.spec, plan, topo)))
+    ours = [(p["metadata"]["name"], p["metadata"]["labels"]["meshplan.dev/plan-hash"])
+            for g in res.rendered.groups for p in g.pods]
+    theirs = [(p["metadata"]["name"], p["metadata"]["labels"]["meshplan.dev/plan-hash"])
+              for g in out.rendered.groups for p in g.pods]
+    assert ours == theirs
+
+
+def test_render_command_header_says_where_the_replica_count_comes_from(capsys):
+    assert main(["render", str(EXAMPLES / "llama-3.1-70b-hgx-h100.yaml"), "--fleet", "hgx-h100"]) == 0
+    out = capsys.readouterr().out
+    header = [line for line in out.splitlines() if line.startswith("# ")]
+    assert any(line.startswith("# plan: ") and " x 2 replica(s) " in line for line in header), header
+    assert any(line.startswith("# deployed: running ") and "x 2 replica(s)" in line and "spec.replicas 2," in line
+               and "the SLO search sized DP" in line for line in header), header
+    assert any(line.startswith("# search: balanced: ") for line in header)
+    assert out.count("\nkind: Pod\n") == 2

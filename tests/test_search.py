@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 
 from meshplan.catalog.gpus import BLOG_GPU, get_gpu
 from meshplan.catalog.models import get_model
@@ -121,6 +122,39 @@ def test_batch_limits_beyond_the_kv_cache_are_replaced_by_the_cache_limit():
                                                                 weight_dtype="bf16", kv_dtype="bf16"),
                  predictor=fake_predictor(), memory_fn=small_cache)
     assert {c.max_num_seqs for c in res.candidates} == {16, 32, 48}
+
+
+def test_pinned_batch_limits_are_used_as_given():
+    def small_cache(model, gpu, layout, **kw):
+        return MemoryFit(True, 0, 0, 0, 0, 0, 1000, 48)
+    res = search(LLAMA8, H100, 8, Workload(), space=SearchSpace(chunk_sizes=(512,), max_num_seqs=(512,),
+                                                                max_num_seqs_pinned=True,
+                                                                weight_dtype="bf16", kv_dtype="bf16"),
+                 predictor=fake_predictor(), memory_fn=small_cache)
+    assert res.candidates and {c.max_num_seqs for c in res.candidates} == {512}
+
+
+def test_vllm_is_never_offered_fewer_batched_tokens_than_sequences():
+    """Found while fixing issue 16: vLLM refuses to start with --max-num-batched-tokens below --max-num-seqs
+    (chunk 128 with 400 sequences was planned for GPT-MoE-1.8T on GB200)."""
+    def roomy(model, gpu, layout, **kw):               # room for 1,000 sequences
+        return MemoryFit(True, 0, 0, 0, 0, 0, 10**7, 1000)
+
+    space = SearchSpace(chunk_sizes=(128, 1024), max_num_seqs=(16, 256, 512), weight_dtype="bf16", kv_dtype="bf16")
+    vllm = search(LLAMA8, H100, 8, Workload(), engine="vllm", space=space, predictor=fake_predictor(),
+                  memory_fn=roomy)
+    assert vllm.candidates and all(c.chunk_size >= c.max_num_seqs for c in vllm.candidates)
+    assert any(c.chunk_size == 128 for c in vllm.candidates)
+    sglang = search(LLAMA8, H100, 8, Workload(), engine="sglang", space=space, predictor=fake_predictor(),
+                    memory_fn=roomy)
+    assert any(c.chunk_size < c.max_num_seqs for c in sglang.candidates)
+    pinned = dataclasses.replace(space, chunk_sizes=(256,), max_num_seqs=(512,), max_num_seqs_pinned=True)
+    res = search(LLAMA8, H100, 8, Workload(), engine="vllm", space=pinned, predictor=fake_predictor(),
+                 memory_fn=roomy)
+    assert not res.candidates
+    assert all("--max-num-batched-tokens 256 below --max-num-seqs 512" in r.reason for r in res.rejected
+               if r.reason.startswith("engine:"))
+    assert any(r.reason.startswith("engine:") for r in res.rejected)
 
 
 def test_fleet_limits_replicas_and_rejects_with_numbers():

@@ -130,6 +130,14 @@ URI_SCHEMES = ("hf", "s3", "gs", "az", "oci", "pvc", "https", "http", "file")
 URI_SCHEME_RE = r"^(" + "|".join(URI_SCHEMES) + r")://[^\s]+$"
 
 DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# Label syntax of k8s.io/apimachinery/pkg/util/validation (IsQualifiedName for keys: an optional DNS-subdomain
+# prefix of <= 253 characters, '/', a name of <= 63; IsValidLabelValue for values: <= 63, may be empty).
+# Written so that Python `re`, pydantic and the API server's RE2 read them alike, and without backslashes
+# ('[.]' for a dot) so they sit inside CEL string literals unchanged.
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+LABEL_KEY_RE = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?" + _LABEL_NAME + "$"
+LABEL_KEY_LENGTHS_RE = r"^([^/]{1,253}/)?[^/]{1,63}$"
+LABEL_VALUE_RE = r"^(" + _LABEL_NAME + ")?$"
 DNS_SUBDOMAIN_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
 PROM_METRIC_RE = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
@@ -728,8 +736,37 @@ class ParallelismSpec(ApiModel):
         return out
 
 
+def label_selector_problems(selector: dict[str, str], field: str = "spec.gpus.nodeSelector") -> list[str]:
+    """Entries of a node selector that are not valid label keys/values (the API server refuses them in a
+    pod's nodeSelector, and they would never match a node), each naming the field and the syntax."""
+    out = []
+    for key, value in selector.items():
+        if not (re.fullmatch(LABEL_KEY_RE, key) and re.fullmatch(LABEL_KEY_LENGTHS_RE, key)):
+            out.append(f"{field}: {key!r} is not a valid label key ([prefix/]name: a DNS-subdomain prefix of <= 253 "
+                       "characters, a name of <= 63 characters of letters, digits, '-', '_', '.', starting and "
+                       "ending with a letter or digit)")
+        if not re.fullmatch(LABEL_VALUE_RE, value):
+            out.append(f"{field}[{key!r}]: {value!r} is not a valid label value (<= 63 characters of letters, "
+                       "digits, '-', '_', '.', starting and ending with a letter or digit; one value per key: "
+                       "selector syntax such as ',', 'in (...)' or '!=' is not allowed)")
+    return out
+
+
 class GpusSpec(ApiModel):
     """Which GPUs the deployment may use."""
+
+    RULES = (
+        Rule(
+            "!has(self.nodeSelector) || self.nodeSelector.all(k, k.matches('" + LABEL_KEY_RE + "') && "
+            "k.matches('" + LABEL_KEY_LENGTHS_RE + "') && self.nodeSelector[k].matches('" + LABEL_VALUE_RE + "'))",
+            "spec.gpus.nodeSelector: every key must be a label key ([prefix/]name, name <= 63 characters of "
+            "letters, digits, '-', '_', '.') and every value a label value (<= 63 such characters, one value: "
+            "no ',' or '!=' selector syntax)",
+            ".nodeSelector",
+            lambda g: not label_selector_problems(dict(g.node_selector)),
+            python_message=lambda g: "; ".join(label_selector_problems(dict(g.node_selector))),
+        ),
+    )
 
     node_selector: dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]] = Field(
         default_factory=dict,
@@ -1060,7 +1097,8 @@ class PlanSummary(ApiModel):
     tp: int = Field(ge=1, description="Tensor-parallel size.")
     ep: int = Field(default=1, ge=1, description="Expert-parallel size.")
     pp: int = Field(default=1, ge=1, description="Pipeline stages.")
-    dp: int = Field(default=1, ge=0, description="Data-parallel replicas the plan sizes for.")
+    dp: int = Field(default=1, ge=0, description="Data-parallel replicas: in status.plan the count deployed "
+                    "(desiredReplicas), in alternatives the count the SLO search sized for spec.workload.")
     gpus_per_replica: int = Field(ge=1, description="GPUs in one replica (tp x ep x pp).")
     nodes_per_replica: int | None = Field(default=None, ge=1, description="Nodes one replica spans.")
     gpu_product: str | None = _str("GPU product the plan is for.", 128, default=None)
@@ -1074,7 +1112,13 @@ class PlanSummary(ApiModel):
 
 
 class PlanStatus(PlanSummary):
-    """The chosen plan."""
+    """The chosen plan. `reason` describes what is deployed (the layout at desiredReplicas); `searchReason`
+    what the SLO search saw (its own DP for spec.workload, the objective, the next best)."""
+
+    search_reason: str | None = _str(
+        "What the SLO search saw and why it chose this layout: its replica count (DP) is what it sized for "
+        "spec.workload, which the deployed count (spec.replicas, the autoscaler) may differ from.", 4096,
+        default=None)
 
 
 class ReplicaPlacement(ApiModel):

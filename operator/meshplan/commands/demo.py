@@ -138,7 +138,9 @@ def summary(obj: dict[str, Any], pods: list[dict[str, Any]]) -> str:
                  f"{pred.get('tokensPerSecondPerGpu')} tokens/s per GPU, "
                  f"{pred.get('tokensPerSecondPerUser')} tokens/s per user")
     if plan.get("reason"):
-        lines.append(f"Why         {plan['reason']}")
+        lines.append(f"Why         {plan['reason']}")        # what is deployed, at desiredReplicas
+    if plan.get("searchReason"):
+        lines.append(f"Search      {plan['searchReason']}")  # what the SLO search saw (its own DP)
     for i, alt in enumerate(st.get("alternatives") or [], 1):
         ap = alt.get("predicted") or {}
         lines.append(f"Alternative {i}: {alt.get('layout')} ({alt.get('gpusPerReplica')} GPUs/replica): "

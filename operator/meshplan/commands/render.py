@@ -57,14 +57,18 @@ def _header(result: Any, fleet: str) -> list[str]:
     lines = [f"meshplan render: {fleet}"]
     if c is None:
         return lines + [f"no feasible plan: {result.plan.reason}"]
-    lines.append(f"plan: {c.layout.label()} x {c.layout.dp} replica(s) on {c.gpu or result.product} "
+    n = result.request.replicas if result.request is not None else c.layout.dp
+    lines.append(f"plan: {c.layout.label()} x {n} replica(s) on {c.gpu or result.product} "
                  f"({result.product}), {c.engine}, weights {c.weight_dtype}, KV {c.kv_dtype}, chunk {c.chunk_size}, "
                  f"max seqs {c.max_num_seqs}")
     p = c.prediction
     lines.append(f"predicted: TTFT {p.ttft_ms:.0f} ms, ITL {p.tpot_ms:.1f} ms, {p.tokens_per_s_per_gpu:.0f} tok/s/GPU, "
                  f"{p.tokens_per_s_per_user:.1f} tok/s/user")
+    from meshplan.planner.objectives import describe_deployed
+
+    lines.append(f"deployed: {describe_deployed(c, n, result.replicas_why, result.product)}")
     if result.plan.reason:
-        lines.append(f"why: {result.plan.reason}")
+        lines.append(f"search: {result.plan.reason}")
     req = result.request
     lines.append(f"replica shape: {req.stages} stage(s) x {req.pods_per_stage} pod(s) x {req.gpus_per_pod} GPU(s)")
     for r in result.placement.placed:

@@ -225,6 +225,8 @@ class Inputs:
     # Deployments ranked before this one (`placement.incumbency_rank`) whose waiting replicas hold
     # some of the free GPUs (already charged to `topology`): named when this one lacks capacity.
     held_for: tuple[str, ...] = ()
+    # where desired_replicas comes from (render.pipeline.replicas_and_why), for the plan's explanation
+    replicas_why: str = ""
 
 
 @dataclass
@@ -622,8 +624,13 @@ def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGr
     ready = len(ready_current) + len(ready_stale)
     req = placement.request
     short = len(placement.unplaced)
+    # What is deployed (the layout at R replicas) and, separately, what the SLO search saw (plan.reason:
+    # its own DP for spec.workload), so that the explanation never describes replicas that do not run.
+    from meshplan.planner.objectives import describe_deployed
+
+    deployed = describe_deployed(plan.choice, R, inp.replicas_why, t.product)
     values: list[tuple[str, bool | str, str, str]] = [
-        ("Planned", True, "PlanChosen", plan.reason or candidate.layout.label()),
+        ("Planned", True, "PlanChosen", deployed + (f". The SLO search: {plan.reason}" if plan.reason else "")),
     ]
     misplaced = dict(misplaced or {})
     why_misplaced = "; ".join(f"replica {i}: {w}" for i, w in sorted(misplaced.items()))
@@ -703,9 +710,9 @@ def _status(inp: Inputs, t: Target, candidate: Any, current: Mapping[int, LiveGr
     status: dict[str, Any] = {
         "observedGeneration": inp.generation,
         "conditions": conds,
-        "plan": st.plan_summary(dataclasses.replace(candidate, layout=dataclasses.replace(
-            candidate.layout, dp=max(1, R))), plan.reason, nodes_per_replica=nodes_per_replica,
-            gpu_product=t.product),
+        "plan": {**st.plan_summary(dataclasses.replace(candidate, layout=dataclasses.replace(
+            candidate.layout, dp=max(1, R))), deployed, nodes_per_replica=nodes_per_replica,
+            gpu_product=t.product), **({"searchReason": plan.reason[:4096]} if plan.reason else {})},
         "alternatives": [st.plan_summary(a) for a in plan.alternatives[:8]],
         "placement": [
             {"index": r.index, "nvlinkDomain": r.domains[0] if r.single_domain else ",".join(r.domains)[:253],

@@ -77,14 +77,11 @@ CD_API = "resource.nvidia.com/v1beta1"
 
 
 def desired_replicas(spec: Any, status: Mapping[str, Any] | None) -> int:
-    """spec.replicas, or the autoscaler's decision within [minReplicas, maxReplicas] (see module doc)."""
-    a = spec.autoscaling
-    if not a.enabled:
-        return spec.replicas
-    decided = ((status or {}).get("autoscaling") or {}).get("toReplicas")
-    n = spec.replicas if decided is None else int(decided)
-    hi = a.max_replicas if a.max_replicas is not None else n
-    return max(a.min_replicas, min(n, hi))
+    """spec.replicas, or the autoscaler's decision within [minReplicas, maxReplicas] (see module doc).
+    The rule is `render.pipeline.replicas_and_why`, which `meshplan render` uses too."""
+    from meshplan.render.pipeline import desired_replicas as rule
+
+    return rule(spec, status)
 
 
 def _planned_spec(spec: Any) -> dict[str, Any]:
@@ -119,27 +116,15 @@ def labels_can_carry(name: str) -> bool:
     return len(name) <= 63 and bool(re.match(DNS_LABEL_RE, name))
 
 
-# Label syntax (k8s.io/apimachinery validation: IsQualifiedName for keys, IsValidLabelValue for values).
-_LABEL_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
-_LABEL_PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-
-
 def node_selector_problems(selector: Mapping[str, str]) -> list[str]:
     """spec.gpus.nodeSelector entries that are not valid label keys/values (they would never match a
-    node, and pods carrying them are refused): the user is told which, not "no capacity"."""
-    import re
+    node, and pods carrying them are refused): the user is told which, not "no capacity". The rule is
+    the API's (`api.models.label_selector_problems`, also a CEL rule of the CRD), so a manifest parsed
+    by `LLMDeployment.from_manifest` already passed it; this is a second line for stored objects that
+    predate the rule."""
+    from meshplan.api.models import label_selector_problems
 
-    out = []
-    for key, value in selector.items():
-        prefix, _, name = key.rpartition("/")
-        if not (re.fullmatch(_LABEL_NAME, name) and len(name) <= 63
-                and (not prefix or (len(prefix) <= 253 and re.fullmatch(_LABEL_PREFIX, prefix)))):
-            out.append(f"spec.gpus.nodeSelector: {key!r} is not a valid label key ([prefix/]name, name <= 63 "
-                       "characters of letters, digits, '-', '_', '.')")
-        if value and not (len(value) <= 63 and re.fullmatch(_LABEL_NAME, value)):
-            out.append(f"spec.gpus.nodeSelector[{key!r}]: {value!r} is not a valid label value (<= 63 characters "
-                       "of letters, digits, '-', '_', '.'; selector syntax such as ',' or '!=' is not allowed)")
-    return out
+    return label_selector_problems(dict(selector))
 
 
 def _capacity_message(spec: Any, topology: Topology, reason: str,
@@ -762,7 +747,9 @@ class Reconciler:
             msg = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
             return decide(Inputs(desired_replicas=0, planned_reason="InvalidSpec", planned_message=msg, **common))
         spec = llmd.spec
-        desired = desired_replicas(spec, status)
+        from meshplan.render.pipeline import replicas_and_why
+
+        desired, replicas_why = replicas_and_why(spec, status)
         if refused is not None:
             return decide(Inputs(desired_replicas=desired, planned_reason="InvalidSpec", planned_message=refused,
                                  **common))
@@ -774,13 +761,13 @@ class Reconciler:
         plan = self._plan(common["uid"], spec, topology, stored, status.get("plan"))
         note = self.plan_notes.pop(common["uid"], None)
         if note is not None:
-            outcome = self._decide_planned(spec, plan, topology, desired, common)
+            outcome = self._decide_planned(spec, plan, topology, desired, common, replicas_why)
             outcome.events.append(("Warning", "PlanAnnotationIgnored", note))
             return outcome
-        return self._decide_planned(spec, plan, topology, desired, common)
+        return self._decide_planned(spec, plan, topology, desired, common, replicas_why)
 
     def _decide_planned(self, spec: Any, plan: Any, topology: Topology, desired: int,
-                        common: dict[str, Any]) -> Outcome:
+                        common: dict[str, Any], replicas_why: str = "") -> Outcome:
         if isinstance(plan, str):
             return decide(Inputs(desired_replicas=desired, planned_reason="InvalidSpec", planned_message=plan,
                                  **common))
@@ -789,7 +776,7 @@ class Reconciler:
             return decide(Inputs(desired_replicas=desired, planned_reason=reason, planned_message=message,
                                  **common))
         target = target_for(spec, plan, topology, bool(self.compute_domains))
-        outcome = decide(Inputs(desired_replicas=desired, target=target, **common))
+        outcome = decide(Inputs(desired_replicas=desired, target=target, replicas_why=replicas_why, **common))
         if outcome.placement is not None and outcome.placement.unplaced:
             # The planned product is full: another product the spec allows may hold every replica.
             from meshplan.planner import plan_for_spec
@@ -800,7 +787,7 @@ class Reconciler:
                 self.plans[common["uid"]] = (plan_key(spec, topology), alt.plan)
                 self.plan_specs[common["uid"]] = spec_key(spec)
                 self.plans_moved.add(common["uid"])
-                outcome = decide(Inputs(desired_replicas=desired, target=alt, **common))
+                outcome = decide(Inputs(desired_replicas=desired, target=alt, replicas_why=replicas_why, **common))
                 message = (f"{target.product} has room for {fit} of {desired} replica(s), {alt.product} for all: "
                            f"planned again on {alt.product} as {alt.plan.choice.layout.label()} "
                            f"({alt.plan.choice.layout.gpus_per_replica} GPUs per replica); the running groups "

@@ -129,6 +129,13 @@ def plan(
     eligible = [c for c in candidates if meets_slo(c.prediction, slo)] if slo is not None else candidates
     frontier = pareto_frontier(eligible or candidates)
     reason = chosen.reason
+    c = chosen.choice
+    if c is not None and space.max_num_seqs_pinned and c.max_num_seqs > c.memory.max_concurrency:
+        kept = (f"spec.parallelism.maxNumSeqs {c.max_num_seqs} is pinned and kept, although the KV cache of "
+                f"{c.layout.label()} holds {c.memory.max_concurrency:,} sequences of {workload.context:,} tokens "
+                f"per replica: the engine queues (or preempts) the rest, and the prediction includes it")
+        reason = f"{reason}. {kept}"
+        extra.setdefault("notes", []).append(kept)
     if not candidates and rejected:
         reason = (f"every layout was rejected; e.g. {rejected[0].layout.label()}: {rejected[0].reason}")
     if chosen.choice is not None:
@@ -249,7 +256,7 @@ def plan_inputs_from_spec(spec: Any) -> dict[str, Any]:
     space = SearchSpace(
         tensor=pinned(p.tensor), expert=pinned(p.expert), pipeline=pinned(p.pipeline),
         chunk_sizes=(chunk,) if chunk else SearchSpace().chunk_sizes,
-        max_num_seqs=(seqs,) if seqs else SearchSpace().max_num_seqs,
+        max_num_seqs=(seqs,) if seqs else SearchSpace().max_num_seqs, max_num_seqs_pinned=bool(seqs),
         weight_dtype=pr.weights, kv_dtype=pr.kv_cache, accuracy_floor=pr.accuracy_floor,
     )
     replicas = None

@@ -94,15 +94,64 @@ class EngineLayout:
         return out
 
 
-def check_layout(layout: Layout, engine: Engine, model: Any = None, *, a2a_backend: str | None = None) -> str | None:
+def replica_pods(layout: Layout, gpus_per_node: int) -> tuple[int, int]:
+    """(pods, GPUs per pod) of one replica on nodes of `gpus_per_node` GPUs: each pipeline stage is split
+    into pods of the largest divisor of its GPUs that fits one node (`placement.request_for_layout`, which
+    the renderer follows: one pod per node slice, one stage after the other)."""
+    from meshplan.placement import gpus_per_pod_for
+
+    stage = layout.tp * layout.ep
+    g = gpus_per_pod_for(stage, max(1, gpus_per_node))
+    return layout.pp * (stage // g), g
+
+
+def check_pods(layout: Layout, engine: Engine, pods: int, gpus_per_pod: int) -> str | None:
+    """Why `engine` cannot run one replica of `layout` as `pods` pods of `gpus_per_pod` GPUs (None when it can).
+
+    vLLM's expert parallelism is its data-parallel deployment (module doc): across pods each pod runs
+    whole DP ranks (`--data-parallel-size-local`), so a DP rank of TP GPUs must sit inside one pod, and
+    that mode has no pipeline stages (vLLM docs "Data Parallel Deployment": DP ranks of TP only). SGLang
+    (`--nnodes`) and TensorRT-LLM (one MPI world) run any split.
+    """
+    if engine == "vllm" and layout.ep > 1 and pods > 1 and (layout.pp > 1 or gpus_per_pod % layout.tp):
+        return (f"vLLM cannot run {layout.label()} across {pods} pods of {gpus_per_pod} GPUs: its "
+                f"data-parallel (expert-parallel) ranks of TP{layout.tp} must each sit inside one pod and PP "
+                f"must be 1; pin spec.parallelism.tensor to a divisor of {gpus_per_pod} and pipeline 1, "
+                "or use spec.engine.kind sglang")
+    return None
+
+
+def check_knobs(engine: Engine, chunk_size: int | None, max_num_seqs: int | None) -> str | None:
+    """Why `engine` refuses this chunk size / batch limit pair (None when it accepts it).
+
+    vLLM: `SchedulerConfig.verify_max_model_len` raises "max_num_batched_tokens (C) must be greater than
+    or equal to max_num_seqs (S)" at startup (vllm/config/scheduler.py, v0.11-v0.12; every running
+    sequence takes at least one token of the step's budget). SGLang and TensorRT-LLM cap the batch by
+    the token budget at run time instead of refusing the pair.
+    """
+    if engine == "vllm" and chunk_size and max_num_seqs and chunk_size < max_num_seqs:
+        return (f"vLLM refuses --max-num-batched-tokens {chunk_size} below --max-num-seqs {max_num_seqs} "
+                "(vllm/config/scheduler.py: max_num_batched_tokens must be >= max_num_seqs); raise "
+                "spec.parallelism.chunkSize or lower spec.parallelism.maxNumSeqs")
+    return None
+
+
+def check_layout(layout: Layout, engine: Engine, model: Any = None, *, a2a_backend: str | None = None,
+                 gpus_per_node: int | None = None) -> str | None:
     """Why `engine` cannot run `layout` (None when it can).
 
     `model` (a `catalog.models.ModelArch`, optional) enables the rules that need
     the architecture: heads divisible by TP, experts enough for the EP group.
     `a2a_backend="deepep"` asks SGLang for DeepEP, which needs MoE-TP 1.
+    `gpus_per_node` enables the rules on how a replica is split into pods
+    (`check_pods`, the predicate the renderer applies to the pods it renders).
     """
     if engine not in ENGINES:
         return f"engine {engine!r} is not supported; use one of {', '.join(ENGINES)}"
+    if gpus_per_node:
+        why = check_pods(layout, engine, *replica_pods(layout, gpus_per_node))
+        if why:
+            return why
     heads = getattr(model, "num_attention_heads", 0) or 0
     experts = getattr(model, "num_experts", 0) or 0
     if model is not None and layout.ep > 1 and experts == 0:
@@ -217,4 +266,4 @@ def engine_layout(
     return EngineLayout(engine=engine, flags=flags, config=config, pp=pp, exact=exact, notes=tuple(notes), **eff)
 
 
-__all__ = ["ENGINES", "EngineLayout", "check_layout", "engine_layout"]
+__all__ = ["ENGINES", "EngineLayout", "check_knobs", "check_layout", "check_pods", "engine_layout", "replica_pods"]

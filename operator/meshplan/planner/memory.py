@@ -205,19 +205,25 @@ def _memory_fit(model, gpu, m: ReplicaMapping, weight_dtype, kv_dtype, context_t
     sw_seq = sliding_bytes_per_seq(model, m, kv_dtype)
     fixed = weights + act + runtime
     if engine == "trtllm":
-        free = total * (1.0 - headroom) - fixed
+        # What weights, activations and runtime may take: all memory but the headroom (the engine's
+        # fraction applies only to what is left after them, for the KV cache).
+        limit = total * (1.0 - headroom)
+        limit_text = ((f"{total / GIB:.1f} GiB less {headroom:.0%} headroom" if headroom else "all of its memory")
+                      + "; TensorRT-LLM's KV fraction applies to what is left")
+        free = limit - fixed
         kv_budget = memory_fraction * free
         usable = fixed + max(kv_budget, 0.0)
     else:  # vllm, sglang: fraction of total memory
-        usable = total * max(0.0, memory_fraction - headroom)
+        limit = usable = total * max(0.0, memory_fraction - headroom)
+        limit_text = f"memory fraction {memory_fraction - headroom:.2f} of {total / GIB:.1f} GiB"
         kv_budget = usable - fixed
     reason = ""
     if kv_budget <= 0:
-        need = fixed / GIB
+        # The limit, not `usable`: for TensorRT-LLM `usable` is built from `fixed` and would equal it.
         reason = (f"weights {weights / GIB:.1f} GiB + activations {act / GIB:.1f} GiB + runtime "
-                  f"{runtime / GIB:.1f} GiB = {need:.1f} GiB per GPU exceed the {usable / GIB:.1f} GiB "
-                  f"usable on {gpu.name}; use more TP/EP/PP or a smaller weight dtype")
-        return MemoryFit(False, weights, kv_tok, act, runtime, usable, 0, 0, reason)
+                  f"{runtime / GIB:.1f} GiB = {fixed / GIB:.1f} GiB per GPU exceed the {limit / GIB:.1f} GiB "
+                  f"usable on {gpu.name} ({limit_text}); use more TP/EP/PP or a smaller weight dtype")
+        return MemoryFit(False, weights, kv_tok, act, runtime, limit, 0, 0, reason)
     per_seq_bytes = kv_tok * context_tokens + sw_seq
     seqs_per_rank = int(kv_budget // per_seq_bytes) if per_seq_bytes > 0 else 10**9
     tokens_per_rank = int(kv_budget // kv_tok) if kv_tok > 0 else 10**12

@@ -86,6 +86,28 @@ def describe(c: Candidate) -> str:
             f"{p.tokens_per_s_per_user:,.1f} tokens/s/user (TTFT {p.ttft_ms:,.0f} ms, ITL {p.tpot_ms:,.1f} ms)")
 
 
+def describe_deployed(c: Candidate, replicas: int, replicas_why: str = "", gpu_product: str | None = None) -> str:
+    """What runs, in one sentence: the chosen layout at the replica count the operator applies (which the
+    autoscaler or spec.replicas decides, not the search), and how that differs from the search's DP.
+
+    `describe` (and a plan's reason) says what the SLO search saw: its DP is what it sized for
+    spec.workload, and its predictions are per replica at that DP's share of the load.
+    """
+    lay, p = c.layout, c.prediction
+    gpr = lay.gpus_per_replica
+    n = max(0, int(replicas))
+    on = f" of {gpu_product or c.gpu}" if (gpu_product or c.gpu) else ""
+    text = (f"running {lay.label()} x {n} replica(s) = {n * gpr} GPU{'s' if n * gpr != 1 else ''}{on}"
+            + (f" ({replicas_why})" if replicas_why else "")
+            + f"; each replica: chunk {c.chunk_size}, max_num_seqs {c.max_num_seqs}, {c.weight_dtype} weights / "
+              f"{c.kv_dtype} KV, predicted {p.tokens_per_s_per_gpu:,.1f} tokens/s/GPU at "
+              f"{p.tokens_per_s_per_user:,.1f} tokens/s/user (TTFT {p.ttft_ms:,.0f} ms, ITL {p.tpot_ms:,.1f} ms)")
+    if lay.dp != n:
+        text += (f"; the SLO search sized DP{lay.dp} ({lay.total_gpus} GPUs) for spec.workload, and the predictions "
+                 f"are per replica at that DP's share of the load")
+    return text
+
+
 def _t(c: Candidate) -> float:
     return c.prediction.tokens_per_s_per_gpu
 
@@ -185,4 +207,5 @@ def choose(
     return Choice(best, reason, alts, len(eligible))
 
 
-__all__ = ["OBJECTIVES", "Choice", "choose", "describe", "meets_slo", "slo_violation", "slo_shortfall"]
+__all__ = ["OBJECTIVES", "Choice", "choose", "describe", "describe_deployed", "meets_slo", "slo_violation",
+           "slo_shortfall"]

@@ -15,7 +15,10 @@ Algorithm
      the collectives); with a fleet, the fleet rule below checks the stages
      against each domain's free GPUs instead;
    - engine: `engines.check_layout` (e.g. vLLM needs heads divisible by TP
-     and experts enough for EP = TP x DP; SGLang DeepEP needs tp = 1);
+     and experts enough for EP = TP x DP; SGLang DeepEP needs tp = 1), with
+     the GPUs per node, so that the rules on how a replica splits into pods
+     (vLLM's expert parallelism across pods: no PP, whole DP ranks per pod)
+     are the renderer's own (`engines.check_pods`);
    - memory: the weights plus the smallest chunk's activations and one
      sequence of KV cache fit (`memory.memory_fit`);
    - fleet: at least one replica fits the free GPUs (`Fleet.replica_slots`,
@@ -36,7 +39,8 @@ Algorithm
    limits (`max_num_seqs`, powers of two by default); `auto` dtypes are
    decided once per GPU product, independent of the budget. Batch limits
    beyond what the KV cache holds are dropped, the KV-cache limit itself is
-   added, and a chunk whose activations do not fit is skipped. Two prunings
+   added (unless the batch limit is pinned: `max_num_seqs_pinned` keeps it as
+   given), and a chunk whose activations do not fit is skipped. Two prunings
    keep the sweep short without changing the frontier: once a larger batch
    limit stops raising tokens/s/GPU the rest of that sweep is dominated, and
    once it misses the SLO's ITL bound the larger ones miss it too.
@@ -82,6 +86,10 @@ class SearchSpace:
     pipeline: int | None = None
     chunk_sizes: tuple[int, ...] = CHUNK_SIZES
     max_num_seqs: tuple[int, ...] = MAX_NUM_SEQS
+    # The batch limits were pinned by the user (spec.parallelism.maxNumSeqs): used as given, never replaced
+    # by the KV-cache limit (the engines accept a batch limit above what the cache holds and queue/preempt
+    # beyond it; the performance model prices that queueing and the plan says so).
+    max_num_seqs_pinned: bool = False
     weight_dtype: Dtype | Literal["auto"] = "auto"
     kv_dtype: Dtype | Literal["auto"] = "auto"
     accuracy_floor: Dtype = "fp8"
@@ -121,7 +129,7 @@ def domain_gpus(gpu: Any) -> int:
 
 
 def shape_rule(model: Any, tp: int, ep: int, pp: int, *, domain: int, allow_cross_domain: bool,
-               engine: Engine | None, a2a_backend: str | None = None) -> str | None:
+               engine: Engine | None, a2a_backend: str | None = None, gpus_per_node: int | None = None) -> str | None:
     """The first structural rule (model, topology, engine) that `tp x ep x pp` breaks, or None."""
     heads = model.num_attention_heads
     if tp > heads:
@@ -136,7 +144,8 @@ def shape_rule(model: Any, tp: int, ep: int, pp: int, *, domain: int, allow_cros
         return (f"one stage (TP{tp} x EP{ep} = {tp * ep} GPUs) exceeds the {domain}-GPU NVLink domain; "
                 f"TP/EP groups stay inside a domain (set allow_cross_domain to price the NIC instead)")
     if engine is not None:
-        return engines_mod.check_layout(Layout(tp, ep, pp), engine, model, a2a_backend=a2a_backend)
+        return engines_mod.check_layout(Layout(tp, ep, pp), engine, model, a2a_backend=a2a_backend,
+                                        gpus_per_node=gpus_per_node)
     return None
 
 
@@ -171,6 +180,10 @@ def enumerate_shapes(
     """
     # With a fleet, the fleet rule below checks stages against each domain's FREE GPUs.
     domain = domain_gpus(gpu) if fleet is None else max_gpus
+    # GPUs per node, as placement and the renderer will split a replica into pods (the fleet's nodes when
+    # given, as `Fleet.gpus_per_pod` counts them; else the catalogue's node)
+    per_node = max((d.gpus_per_node for d in fleet.domains), default=0) if fleet is not None else 0
+    per_node = per_node or getattr(gpu, "gpus_per_node", 0) or None
     tps, eps, pps = _shape_values(model, max_gpus, space)
     ok: list[tuple[Layout, int]] = []
     rejected: list[Rejected] = []
@@ -183,7 +196,7 @@ def enumerate_shapes(
                     continue
                 shape = Layout(tp, ep, pp)
                 reason = shape_rule(model, tp, ep, pp, domain=domain, allow_cross_domain=space.allow_cross_domain,
-                                    engine=engine, a2a_backend=space.a2a_backend)
+                                    engine=engine, a2a_backend=space.a2a_backend, gpus_per_node=per_node)
                 if reason is None and memory_fn is not None:
                     fit = memory_fn(model, gpu, shape, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                     context_tokens=context_tokens, chunk_size=min_chunk, max_num_seqs=1,
@@ -301,6 +314,8 @@ def search(
                                             f"only {max_dp} replicas fit"))
             continue
         mapping = _effective(shape, engine, model, space) if as_engine_runs else shape
+        knob_refusals: list[str] = []
+        before = len(candidates)
         for chunk in space.chunk_sizes:
             fit = memory_fn(model, gpu, mapping, weight_dtype=wd, kv_dtype=kd, context_tokens=context,
                             chunk_size=chunk, max_num_seqs=max(space.max_num_seqs), engine=engine,
@@ -308,7 +323,14 @@ def search(
             if not fit.fits:
                 continue
             cap = max(1, fit.max_concurrency)
-            seqs = sorted({s for s in space.max_num_seqs if s <= cap} | {min(cap, max(space.max_num_seqs))})
+            if space.max_num_seqs_pinned:
+                seqs = sorted(set(space.max_num_seqs))
+            else:
+                seqs = sorted({s for s in space.max_num_seqs if s <= cap} | {min(cap, max(space.max_num_seqs))})
+            # pairs the engine refuses at startup (vLLM: batched tokens >= batch limit) are never proposed
+            refusals = [engines_mod.check_knobs(engine, chunk, s) for s in seqs]
+            knob_refusals += [r for r in refusals if r]
+            seqs = [s for s, r in zip(seqs, refusals) if r is None]
             for n_dp in dps:
                 per_replica = _per_replica_workload(workload, n_dp)
                 layout = replace(shape, dp=n_dp)
@@ -326,6 +348,8 @@ def search(
                     candidates.append(Candidate(layout, wd, kd, chunk, s, fit, pred, engine, gpu.name))
                     if max_itl_ms is not None and pred.tpot_ms > max_itl_ms:
                         break
+        if knob_refusals and len(candidates) == before:       # every knob pair of this shape was refused
+            rejected.append(Rejected(shape, f"engine: {knob_refusals[0]}"))
     return SearchResult(tuple(candidates), tuple(rejected), tuple(replace(s, dp=d) for s, d in shapes), wd, kd,
                         evaluated, tuple(notes))
 

@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from meshplan.planner.engines import engine_layout
+from meshplan.planner.engines import check_knobs, check_pods, engine_layout
 from meshplan.planner.types import Candidate, Engine
 from meshplan.render.nccl import Explanation
 
@@ -259,6 +259,12 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
     fraction = serving.memory_fraction or DEFAULT_MEMORY_FRACTION
     el = engine_layout(layout, engine, chunk_size=candidate.chunk_size, max_num_seqs=candidate.max_num_seqs,
                        memory_fraction=fraction, kv_dtype=candidate.kv_dtype)
+    # How the replica is split into pods: the planner's search asks the same predicate
+    # (planner.engines.check_layout with gpus_per_node), so a planned layout passes it.
+    refused = check_pods(layout, engine, role.pods, role.gpus_per_pod) or \
+        check_knobs(engine, candidate.chunk_size, candidate.max_num_seqs)
+    if refused:
+        raise RenderError(refused)
     src = f"plan {layout.label()} (meshplan.planner.engines)"
     for k, v in el.flags.items():
         n = norm_flag(k)
@@ -305,12 +311,6 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
             explain.append(Explanation("--enable-eplb", "true", "expert parallelism over several GPUs: balance hot "
                                        "experts (spec.engine.expertLoadBalancing)", "vLLM EPLB docs"))
         if multi and layout.ep > 1:
-            if layout.pp > 1 or role.gpus_per_pod % layout.tp:
-                raise RenderError(
-                    f"vLLM cannot run {layout.label()} across {role.pods} pods of {role.gpus_per_pod} GPUs: its "
-                    f"data-parallel (expert-parallel) ranks of TP{layout.tp} must each sit inside one pod and PP "
-                    f"must be 1; pin spec.parallelism.tensor to a divisor of {role.gpus_per_pod} and pipeline 1, "
-                    "or use spec.engine.kind sglang")
             local = role.gpus_per_pod // layout.tp
             flags["--data-parallel-size-local"] = local
             flags["--data-parallel-address"] = leader
