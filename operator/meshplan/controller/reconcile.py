@@ -93,10 +93,21 @@ def _planned_spec(spec: Any) -> dict[str, Any]:
     return doc
 
 
+def _plain(product: str) -> str | None:
+    from meshplan.catalog.gpus import get_gpu
+
+    try:
+        return get_gpu(product).name
+    except KeyError:
+        return None
+
+
 def plan_key(spec: Any, topology: Topology) -> str:
     """Hash of what the plan depends on: the spec without replicas/autoscaling, and the fleet's shape."""
-    shape = sorted((d.name, d.product, d.total_gpus, d.zone) for d in topology.select(
-        dict(spec.gpus.node_selector or {})).domains)
+    # A domain whose GPU the labels changed (memory label, MIG, time-slicing: `gpu` is a derived name) adds
+    # that name, so relabelling replans; plain catalogue GPUs keep the shape (and stored plans) of before.
+    shape = sorted((d.name, d.product, d.total_gpus, d.zone) + ((d.gpu,) if d.gpu and d.gpu != _plain(d.product) else ())
+                   for d in topology.select(dict(spec.gpus.node_selector or {})).domains)
     raw = json.dumps({"spec": _planned_spec(spec), "fleet": shape}, sort_keys=True, default=str)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
@@ -144,6 +155,11 @@ def node_selector_problems(selector: Mapping[str, str]) -> list[str]:
 def _capacity_message(spec: Any, topology: Topology, reason: str) -> tuple[str, str]:
     """(reason, message) for a spec the planner could not fit: capacity, or no feasible layout at all."""
     from meshplan.planner import plan_for_spec
+
+    fleet = topology.select(dict(spec.gpus.node_selector or {})).to_fleet()
+    if fleet.unknown and not fleet.gpus():
+        # Not capacity: the nodes' GPUs are there but their product is not known (named, with its label).
+        return "UnknownGPUProduct", reason
 
     try:
         unbounded = plan_for_spec(spec, None)

@@ -67,6 +67,10 @@ class FleetDomain:
 class Fleet:
     domains: tuple[FleetDomain, ...] = ()
     name: str = ""
+    # What the nodes' labels said: per node, an unknown product named with its label
+    # (`NodeInfo.unknown`), and notes where the labels changed the catalogue's view (memory, MIG, sharing).
+    unknown: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def free_gpus(self) -> int:
@@ -85,7 +89,7 @@ class Fleet:
 
     def for_gpu(self, gpu: str) -> "Fleet":
         """The domains of one catalogue GPU."""
-        return Fleet(tuple(d for d in self.domains if d.gpu == gpu), self.name)
+        return Fleet(tuple(d for d in self.domains if d.gpu == gpu), self.name, self.unknown, self.notes)
 
     def largest_free_domain(self) -> FleetDomain | None:
         return max(self.domains, key=lambda d: (d.free_gpus, d.name), default=None)
@@ -141,25 +145,26 @@ class Fleet:
                 f"has room for {by_zone[best_zone]} such stages")
 
 
-def _gpu_name(product: str) -> str | None:
-    from meshplan.catalog.gpus import get_gpu
-
-    try:
-        return get_gpu(product).name
-    except KeyError:
-        return None
-
-
 def fleet_from_topology(topology: Any, name: str = "") -> Fleet:
-    """A `Fleet` from a `meshplan.topology.Topology` (its domains, free GPUs included)."""
+    """A `Fleet` from a `meshplan.topology.Topology` (its domains, free GPUs included). A domain's `gpu` is
+    the one `meshplan.topology` resolved from its nodes' labels (catalogue entry, memory label, MIG, sharing)."""
     nodes = topology.nodes
+    infos = [s.info for s in nodes.values()]
+    unknown = tuple(i.unknown for i in infos if i.unknown)
+    by_note: dict[str, list[str]] = defaultdict(list)
+    for i in infos:
+        for n in i.notes:
+            by_note[n].append(i.name)
+    notes = tuple(f"node {ns[0]}: {n}" if len(ns) == 1 else
+                  f"{len(ns)} nodes ({', '.join(ns[:3])}{', ...' if len(ns) > 3 else ''}): {n}"
+                  for n, ns in by_note.items())
     return Fleet(tuple(
-        FleetDomain(name=d.name, product=d.product, gpu=_gpu_name(d.product), gpus_per_node=d.gpus_per_node,
+        FleetDomain(name=d.name, product=d.product, gpu=d.gpu, gpus_per_node=d.gpus_per_node,
                     free_gpus=d.free_gpus, total_gpus=d.total_gpus, zone=d.zone, nvlink=d.nvlink,
                     node_free_gpus=tuple(nodes[n].free_gpus for n in d.nodes if n in nodes),
                     node_total_gpus=tuple(nodes[n].info.gpus for n in d.nodes if n in nodes))
         for d in topology.domains
-    ), name)
+    ), name, unknown, notes)
 
 
 def fleet_from_objects(
