@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -88,7 +88,6 @@ DEFAULT_TOLERATIONS: tuple[Mapping[str, str], ...] = (
     {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
 )
 
-@lru_cache(maxsize=256)
 def product_has_nvlink(product: str) -> bool:
     """Whether GPUs of this product (a label value or catalogue/derived name) talk over NVLink inside a
     domain: the catalogue entry's `nvlink_domain > 1`, never a substring of the name. A product the
@@ -231,9 +230,12 @@ def gpu_view(labels: Mapping[str, str], allocatable: Mapping[str, Any]) -> dict[
             except KeyError:
                 spec = None
         mem = _mib_from_gib_label(_amd_label(labels, LABEL_AMD_VRAM))
-        label_key = LABEL_AMD_PRODUCT if labels.get(LABEL_AMD_PRODUCT) else ("beta." + LABEL_AMD_PRODUCT)
-        if not product:
-            product, label_key = (device_id, LABEL_AMD_DEVICE_ID) if device_id else ("unknown", LABEL_AMD_PRODUCT)
+        # The label node affinity pins the product with: a plain label holding it, else none ('': the legacy
+        # count-style `beta.amd.com/gpu.device-id.<id>` labels carry no value to match; the domain's hostname
+        # label still pins the node).
+        label_key = next((k for k in (LABEL_AMD_PRODUCT, "beta." + LABEL_AMD_PRODUCT, LABEL_AMD_DEVICE_ID,
+                                      "beta." + LABEL_AMD_DEVICE_ID) if labels.get(k)), "")
+        product = labels.get(label_key, "") if label_key else (device_id or "unknown")
         gpu = None
         if spec is not None:
             derived = cat.with_memory(spec, mem)
@@ -252,7 +254,7 @@ def gpu_view(labels: Mapping[str, str], allocatable: Mapping[str, Any]) -> dict[
         resource = max(mig, key=lambda k: (mig[k] * _profile_gb(k), k))
         count = mig[resource]
         profile = resource[len("nvidia.com/"):].removeprefix("mig-")
-        mem = parse_count(labels.get(f"nvidia.com/mig-{profile}.memory")) or mem
+        mem = parse_count(labels.get(f"nvidia.com/mig-{profile}.memory"))   # 0: the profile's size
         others = sorted(k for k in mig if k != resource)
         notes.append(f"MIG mixed: planned on {count} x {resource}" +
                      (f"; {', '.join(others)} not used" if others else ""))
@@ -438,6 +440,14 @@ class Domain:
     def nvlink_gpus(self) -> int:
         """GPUs that reach each other over NVLink (1 on PCIe-only products)."""
         return self.total_gpus if self.nvlink else 1
+
+    @property
+    def max_group_gpus(self) -> int:
+        """GPUs one TP/EP group (pipeline stage) may span here: 1 on MIG slices and time-sliced replicas
+        (never part of a multi-GPU group), else the domain's GPUs."""
+        from meshplan.catalog.gpus import is_fractional
+
+        return 1 if is_fractional(self.gpu) else self.total_gpus
 
     @property
     def multi_node(self) -> bool:

@@ -472,6 +472,12 @@ def _derive(name: str) -> GpuSpec | None:
                    source=f"{spec.source}; derived for {name} from the node's labels (meshplan.topology)")
 
 
+def is_fractional(name: str | None) -> bool:
+    """Whether a (derived) GPU name is a MIG slice or a time-sliced replica: a GPU that is never part of a
+    multi-GPU group (its group is 1 GPU). Reads meshplan's own name grammar (above), not a product label."""
+    return bool(name) and ("/mig-" in name or "/shared-" in name)
+
+
 def get_gpu(name: str) -> GpuSpec:
     """Look a GPU up by canonical name, plain name, GFD product label (case-insensitive), a declared
     custom GPU, or a derived name (`h100_sxm@40536mib`, `a100_sxm_40gb/mig-1g.5gb`, `l4/shared-4`)."""
@@ -596,6 +602,18 @@ def register_custom_gpus(specs: list[GpuSpec]) -> None:
     """Make declared GPUs known to `get_gpu` (done once at start: operator settings, CLI flag)."""
     for g in specs:
         _CUSTOM[g.name] = g
+        _index(g)
+
+
+def clear_custom_gpus() -> None:
+    """Forget every declared GPU (tests; a restarted operator reads its catalogue again)."""
+    for g in _CUSTOM.values():
+        for key in (g.name, *g.aliases, *g.product_labels):
+            _INDEX.pop(_norm(key), None)
+        for d in g.device_ids:
+            _DEVICE_IDS.pop(d.lower(), None)
+    _CUSTOM.clear()
+    for g in GPUS.values():     # a declaration may have shadowed a built-in label: restore the built-ins
         _index(g)
 
 

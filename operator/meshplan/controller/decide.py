@@ -299,7 +299,7 @@ def fallback_target(spec: Any, target: Target, topology: Topology, replicas: int
     label_of: dict[str, str] = {}
     for d in selected.domains:
         same = d.gpu is not None and d.gpu == target.plan.choice.gpu
-        if d.product and d.product != target.product and not same:
+        if d.product and d.product_label and d.product != target.product and not same:
             free[d.product] = free.get(d.product, 0) + d.free_gpus
             label_of[d.product] = d.product_label
     for product in sorted((p for p, f in free.items() if f > 0), key=lambda p: (-free[p], p)):

@@ -108,7 +108,7 @@ def plan(
                           f"{', '.join(str(getattr(g, 'name', g)) for g in gpu_list)} "
                           f"(free: {', '.join(fleet.gpus()) or 'none'}); change spec.gpus.products or free capacity"
                           + (f"; {told}" if unknown else ""))
-            return Plan(None, objective, reason, model=getattr(model, "name", ""), extra={"notes": fleet_notes})
+            return Plan(None, objective, reason, model=getattr(model, "name", ""), extra={"notes": list(fleet.notes)})
     dp: DpPolicy = replicas if replicas else ("min" if objective == "minCostWithinSLO" else "fill")
     candidates: list = []
     rejected: list[Rejected] = []

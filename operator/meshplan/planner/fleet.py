@@ -55,6 +55,12 @@ class FleetDomain:
     nvlink: bool = True
     node_free_gpus: tuple[int, ...] = ()     # per node (empty: treated as one node of free_gpus)
     node_total_gpus: tuple[int, ...] = ()
+    max_group: int = 0                       # largest TP/EP group (stage) here; 0 = no limit (1 on MIG/shared)
+
+    def stage_fits(self, stage_gpus: int, pp: int = 1) -> bool:
+        """Whether a replica of `pp` stages of `stage_gpus` may use this domain (MIG slices and shared GPUs
+        take 1-GPU replicas only: no TP, EP or PP across them)."""
+        return not self.max_group or stage_gpus * pp <= self.max_group
 
     def pods(self, g: int, *, total: bool = False) -> int:
         """Pods of `g` GPUs the domain's nodes offer (free, or all GPUs with `total`)."""
@@ -108,12 +114,14 @@ class Fleet:
         if cross_domain:
             free: dict[str, int] = defaultdict(int)
             for d in self.domains:
-                free[d.zone] += d.free_gpus
+                if d.stage_fits(stage_gpus, pp):
+                    free[d.zone] += d.free_gpus
             return sum((f // stage_gpus) // pp for f in free.values())
         g = self.gpus_per_pod(stage_gpus)
         per_stage = stage_gpus // g
-        stages = {d.name: d.pods(g) // per_stage for d in self.domains}
-        single = pp == 1 or any(d.pods(g, total=True) >= per_stage * pp for d in self.domains)
+        stages = {d.name: d.pods(g) // per_stage if d.stage_fits(stage_gpus, pp) else 0 for d in self.domains}
+        single = pp == 1 or any(d.pods(g, total=True) >= per_stage * pp for d in self.domains
+                                if d.stage_fits(stage_gpus, pp))
         if single:
             return sum(n // pp for n in stages.values())
         by_zone: dict[str, int] = defaultdict(int)
@@ -126,6 +134,9 @@ class Fleet:
         big = self.largest_free_domain()
         if big is None:
             return "the fleet has no GPUs of this product"
+        if stage_gpus * pp > 1 and not any(d.stage_fits(stage_gpus, pp) for d in self.domains):
+            return (f"a replica needs {stage_gpus * pp} GPUs working together, but these GPUs are MIG slices or "
+                    f"time-sliced replicas ({big.gpu}), never part of a multi-GPU group")
         if big.free_gpus < stage_gpus:
             return (f"a pipeline stage needs {stage_gpus} GPUs in one NVLink domain, but the largest free domain "
                     f"({big.name}) has {big.free_gpus} free GPUs")
@@ -162,7 +173,8 @@ def fleet_from_topology(topology: Any, name: str = "") -> Fleet:
         FleetDomain(name=d.name, product=d.product, gpu=d.gpu, gpus_per_node=d.gpus_per_node,
                     free_gpus=d.free_gpus, total_gpus=d.total_gpus, zone=d.zone, nvlink=d.nvlink,
                     node_free_gpus=tuple(nodes[n].free_gpus for n in d.nodes if n in nodes),
-                    node_total_gpus=tuple(nodes[n].info.gpus for n in d.nodes if n in nodes))
+                    node_total_gpus=tuple(nodes[n].info.gpus for n in d.nodes if n in nodes),
+                    max_group=1 if d.max_group_gpus == 1 and d.total_gpus > 1 else 0)
         for d in topology.domains
     ), name, unknown, notes)
 

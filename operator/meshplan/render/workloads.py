@@ -90,7 +90,7 @@ def node_affinity(match_labels: Sequence[tuple[str, str]], product: str, node_ho
     """Required: the NVLink domain's labels and the planned product (under the label that carries it:
     `nvidia.com/gpu.product`, or AMD's `amd.com/gpu.product-name`); preferred: the planned node."""
     exprs = [{"key": k, "operator": "In", "values": [v]} for k, v in match_labels]
-    if not any(k == product_label for k, _ in match_labels):
+    if product_label and not any(k == product_label for k, _ in match_labels):
         exprs.append({"key": product_label, "operator": "In", "values": [product]})
     aff: dict[str, Any] = {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": exprs}]}}
