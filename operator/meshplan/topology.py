@@ -18,7 +18,17 @@ Where the facts come from
   NVLink partition, e.g. one GB200 NVL72 rack).
 - GPU count: `status.allocatable["nvidia.com/gpu"]` (the device plugin's resource;
   kube-scheduler's NodeResourcesFit enforces it), not the `gpu.count` label,
-  because allocatable already excludes unhealthy GPUs.
+  because allocatable already excludes unhealthy GPUs. AMD: `amd.com/gpu`; MIG
+  mixed: `nvidia.com/mig-<profile>` (see `gpu_view`).
+- What GPU that is (`gpu_view`, `NodeInfo.gpu`): the catalogue entry of the product
+  label (AMD: of `amd.com/gpu.device-id`, else `amd.com/gpu.product-name`, from AMD's
+  node labeller, `beta.amd.com/...` as fallback), turned into a derived GPU where
+  the labels say more: `nvidia.com/gpu.memory` (or `amd.com/gpu.vram`) more than 2%
+  off the catalogue -> that memory; MIG (`-MIG-<profile>` product suffix under the
+  single strategy, `nvidia.com/mig-*` resources under mixed) -> one slice; time-slicing
+  (`-SHARED` suffix, `nvidia.com/gpu.replicas` per GPU) -> 1/n of the GPU. Slices and
+  shared GPUs have no NVLink and are never part of a multi-GPU group. A product the
+  catalogue does not know gives `gpu=None`; `NodeInfo.unknown` names it with its label.
 - Zone: `topology.kubernetes.io/zone` (Kubernetes well-known labels).
 
 Schedulable capacity
@@ -45,7 +55,8 @@ NVLink domains (the rule placement honours)
   MNNVL). A clique whose nodes disagree on product or zone is split by both, so
   every domain is homogeneous and inside one zone.
 - Any other node is its own domain.
-- PCIe-only products (catalogue `nvlink_domain == 1`, e.g. L40S) have no NVLink at
+- PCIe-only products (catalogue `nvlink_domain == 1`, e.g. L40S; never decided from
+  the product's name) have no NVLink at
   all. Their node is still the domain, with `nvlink=False`: a TP/EP group may span
   the node's GPUs (over PCIe, slower; the planner prices it with the PCIe/NIC
   bandwidth via `nvlink_gpus == 1`) but never crosses nodes. This keeps e.g.
