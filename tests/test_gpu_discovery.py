@@ -88,6 +88,20 @@ def test_every_catalogue_entry_names_its_source_and_dense_flops():
         assert base and base <= g.tflops.get("fp8", base) <= g.tflops.get("fp4", g.tflops.get("fp8", base))
 
 
+def test_mig_and_shared_product_labels_name_the_slice():
+    g = get_gpu("A100-SXM4-40GB-MIG-1g.5gb")
+    assert g.name == "a100_sxm_40gb/mig-1g.5gb" and g.nvlink_domain == 1 and g.gpus_per_node == 1
+    assert g.memory_gib == pytest.approx(5e9 / 2**30) and g.tflops["bf16"] == pytest.approx(312 / 7)
+    assert get_gpu("Tesla-T4-SHARED").name == "t4/shared-1"
+    # spec.gpus.products may name the slice as the node's label does; the plan then runs on it
+    node = copy.deepcopy(nodes("gfd-a100-mig-mixed.yaml")[0])
+    node["metadata"]["labels"].update({"nvidia.com/gpu.count": "2", "nvidia.com/mig-7g.40gb.count": "2"})
+    node["status"]["allocatable"] = {"nvidia.com/gpu": "0", "nvidia.com/mig-7g.40gb": "2"}
+    plan = plan_for_spec(spec_of(llmd(gpus={"maxGpus": 2, "products": ["A100-SXM4-40GB-MIG-7g.40gb"]})),
+                         fleet_from_objects([node]))
+    assert plan.choice is not None and plan.choice.gpu == "a100_sxm_40gb/mig-7g.40gb"
+
+
 def test_nvlink_never_rests_on_a_substring():
     # "A100" contains "A10" and "RTX"-free names with "PCIE" inside: only the catalogue entry decides
     assert product_has_nvlink("A100-SXM4-40GB") and product_has_nvlink("NVIDIA-A100-SXM4-80GB")

@@ -492,6 +492,15 @@ def get_gpu(name: str) -> GpuSpec:
         derived = _derive(raw.lower())
         if derived is not None:
             return derived
+    # A product label of a MIG slice or a time-sliced GPU as GFD writes it (`A100-SXM4-40GB-MIG-1g.5gb`,
+    # `Tesla-T4-SHARED`): the slice / a shared replica of the catalogue GPU (replicas unknown here: 1).
+    base, shared = (raw[:-len("-SHARED")], True) if raw.upper().endswith("-SHARED") else (raw, False)
+    base, _, profile = base.partition("-MIG-")
+    if (shared or profile) and _norm(base) in _INDEX:
+        derived = _derive(_INDEX[_norm(base)] + (f"/mig-{profile.lower()}" if profile else "")
+                          + ("/shared-1" if shared else ""))
+        if derived is not None:
+            return derived
     raise KeyError(
         f"unknown GPU {name!r}; known: {', '.join(sorted({**GPUS, **_CUSTOM}))} "
         f"(also plain names like 'h100' and nvidia.com/gpu.product labels like 'NVIDIA-H100-80GB-HBM3'); "

@@ -96,7 +96,8 @@ def plan(
         # A requested catalogue GPU also matches the variants the nodes' labels made of it
         # (`h100_sxm@40536mib`, `a100_sxm_40gb/mig-1g.5gb`: see catalog.gpus.get_gpu).
         wanted = {g.name for g in specs}
-        specs = [get_gpu(n) for n in fleet.gpus() if n in wanted or n.split("@")[0].split("/")[0] in wanted]
+        specs = [get_gpu(n) for n in fleet.gpus()
+                 if n in wanted or n.split("@")[0] in wanted or n.split("@")[0].split("/")[0] in wanted]
         fleet_notes = [*fleet.notes, *fleet.unknown]
         if not specs:
             unknown = list(fleet.unknown)
