@@ -213,6 +213,14 @@ def test_rendered_pods_request_the_nodes_resource():
         "nodeSelectorTerms"][0]["matchExpressions"]
     assert {"key": "amd.com/gpu.product-name", "operator": "In", "values": ["AMD_Instinct_MI300X_OAM"]} in exprs
     assert not any(e["key"] == "nvidia.com/gpu.product" for e in exprs)
+    # MIG mixed: the pods ask for the slice resource
+    node = copy.deepcopy(nodes("gfd-a100-mig-mixed.yaml")[0])
+    node["metadata"]["labels"].update({"nvidia.com/gpu.count": "2", "nvidia.com/mig-7g.40gb.count": "2"})
+    node["status"]["allocatable"] = {"nvidia.com/gpu": "0", "nvidia.com/mig-7g.40gb": "2"}
+    mig = plan_place_render(LLMDeployment.from_manifest(llmd(gpus={"maxGpus": 2})), build_topology([node]))
+    pods = [o for o in mig.rendered.objects if o["kind"] == "Pod"]
+    assert pods and all(p["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-7g.40gb": "1"}
+                        for p in pods)
 
 
 # ---- nvidia.com/gpu.memory is used --------------------------------------------------------------------
@@ -236,9 +244,18 @@ def test_gpu_memory_label_wins_and_changes_the_plan():
     # half the memory: 140 GB of bf16 weights need more GPUs per replica than on the full H100
     assert half.choice.layout.gpus_per_replica > full.choice.layout.gpus_per_replica
     assert tiny.choice is None and "h100_sxm@4864mib" in tiny.reason
-    # visible: the plan says the label won
+    # visible: the plan says the label won, in its notes and in the sentence the Planned condition shows
     assert any("nvidia.com/gpu.memory=40536 MiB differs" in n for n in half.extra["notes"])
-    assert not any("differs" in n for n in full.extra.get("notes", []))
+    assert "nvidia.com/gpu.memory=40536 MiB differs" in half.reason
+    assert not any("differs" in n for n in full.extra.get("notes", [])) and "differs" not in full.reason
+    from meshplan.controller.reconcile import Reconciler, World
+
+    out = Reconciler(kube=None, world=World(), compute_domains=False)._decide(
+        llmd(model={"name": "llama-3.1-70b"}, gpus={"maxGpus": 8},
+             workload={"inputTokens": 2048, "outputTokens": 256, "concurrency": 8}),
+        build_topology([_h100(40536)]), [], [], [])
+    planned = {c["type"]: c for c in out.status["conditions"]}["Planned"]
+    assert planned["status"] == "True" and "nvidia.com/gpu.memory=40536 MiB differs" in planned["message"]
 
 
 # ---- unknown products are named; declared ones are planned on -----------------------------------------

@@ -142,6 +142,10 @@ def plan(
     eligible = [c for c in candidates if meets_slo(c.prediction, slo)] if slo is not None else candidates
     frontier = pareto_frontier(eligible or candidates)
     reason = chosen.reason
+    if chosen.choice is not None and fleet is not None and fleet.notes_for(chosen.choice.gpu):
+        # What the nodes' labels changed about the chosen GPU (memory label, MIG, sharing) is part of the
+        # sentence the Planned condition and status.plan.reason show.
+        reason += f" (GPU {chosen.choice.gpu} from the node labels: {'; '.join(fleet.notes_for(chosen.choice.gpu))})"
     if not candidates and rejected:
         reason = (f"every layout was rejected; e.g. {rejected[0].layout.label()}: {rejected[0].reason}")
     if chosen.choice is not None:

@@ -77,6 +77,10 @@ class Fleet:
     # (`NodeInfo.unknown`), and notes where the labels changed the catalogue's view (memory, MIG, sharing).
     unknown: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    gpu_notes: tuple[tuple[str, str], ...] = ()   # (GPU name, note) for the notes that explain a derived GPU
+
+    def notes_for(self, gpu: str) -> tuple[str, ...]:
+        return tuple(n for g, n in self.gpu_notes if g == gpu)
 
     @property
     def free_gpus(self) -> int:
@@ -95,7 +99,8 @@ class Fleet:
 
     def for_gpu(self, gpu: str) -> "Fleet":
         """The domains of one catalogue GPU."""
-        return Fleet(tuple(d for d in self.domains if d.gpu == gpu), self.name, self.unknown, self.notes)
+        return Fleet(tuple(d for d in self.domains if d.gpu == gpu), self.name, self.unknown, self.notes,
+                     self.gpu_notes)
 
     def largest_free_domain(self) -> FleetDomain | None:
         return max(self.domains, key=lambda d: (d.free_gpus, d.name), default=None)
@@ -163,9 +168,12 @@ def fleet_from_topology(topology: Any, name: str = "") -> Fleet:
     infos = [s.info for s in nodes.values()]
     unknown = tuple(i.unknown for i in infos if i.unknown)
     by_note: dict[str, list[str]] = defaultdict(list)
+    gpu_notes: dict[tuple[str, str], None] = {}
     for i in infos:
         for n in i.notes:
             by_note[n].append(i.name)
+            if i.gpu:
+                gpu_notes[(i.gpu, n)] = None
     notes = tuple(f"node {ns[0]}: {n}" if len(ns) == 1 else
                   f"{len(ns)} nodes ({', '.join(ns[:3])}{', ...' if len(ns) > 3 else ''}): {n}"
                   for n, ns in by_note.items())
@@ -176,7 +184,7 @@ def fleet_from_topology(topology: Any, name: str = "") -> Fleet:
                     node_total_gpus=tuple(nodes[n].info.gpus for n in d.nodes if n in nodes),
                     max_group=1 if d.max_group_gpus == 1 and d.total_gpus > 1 else 0)
         for d in topology.domains
-    ), name, unknown, notes)
+    ), name, unknown, notes, tuple(gpu_notes))
 
 
 def fleet_from_objects(
