@@ -137,6 +137,19 @@ def test_vendor_label_sets_give_product_memory_count_and_domain(fixture, product
     assert get_gpu(d.gpu).memory_gib == pytest.approx(mem_gib, rel=0.01)
 
 
+def test_time_slicing_with_renamed_resources_is_shared_too():
+    # renameByDefault=true (NVIDIA cloud-native-docs gpu-operator/gpu-sharing.rst): the resource becomes
+    # nvidia.com/gpu.shared and the product label keeps its name
+    node = copy.deepcopy(nodes("gfd-t4-time-sliced.yaml")[0])
+    node["metadata"]["labels"]["nvidia.com/gpu.product"] = "Tesla-T4"
+    node["status"]["allocatable"] = {"nvidia.com/gpu.shared": "8"}
+    info = node_info(node)
+    assert (info.gpu, info.resource, info.gpus) == ("t4/shared-8", "nvidia.com/gpu.shared", 8)
+    pod = {"spec": {"nodeName": info.name, "containers": [{"resources": {"limits": {"nvidia.com/gpu.shared": "3"}}}]},
+           "status": {"phase": "Running"}}
+    assert build_topology([node], [pod]).domains[0].free_gpus == 5
+
+
 def test_amd_nodes_are_visible_with_infinity_fabric_as_the_node_domain():
     info = node_info(nodes("amd-mi300x.yaml")[0])
     assert info is not None and info.gpus == 8 and info.resource == "amd.com/gpu"

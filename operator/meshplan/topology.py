@@ -74,6 +74,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 GPU_RESOURCE = "nvidia.com/gpu"
 AMD_GPU_RESOURCE = "amd.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+SHARED_SUFFIX = ".shared"          # time-slicing with renameByDefault=true
 LABEL_MIG_STRATEGY = "nvidia.com/mig.strategy"
 LABEL_REPLICAS = "nvidia.com/gpu.replicas"
 # AMD GPU operator node labeller (ROCm/k8s-device-plugin docs/user-guide/installation.md): current prefix
@@ -259,12 +260,20 @@ def gpu_view(labels: Mapping[str, str], allocatable: Mapping[str, Any]) -> dict[
 
     product = labels.get(LABEL_PRODUCT, "")
     resource, count, profile, mem = GPU_RESOURCE, full, "", parse_count(labels.get(LABEL_MEMORY_MIB))
-    if full <= 0 and mig:
+    renamed = False
+    # Time-slicing with renameByDefault=true advertises `<resource>.shared` (nvidia.com/gpu.shared,
+    # nvidia.com/mig-1g.5gb.shared) and leaves the product label as it is (NVIDIA cloud-native-docs
+    # gpu-operator/gpu-sharing.rst).
+    if full <= 0 and parse_count(allocatable.get(GPU_RESOURCE + SHARED_SUFFIX)) > 0:
+        resource, count, renamed = GPU_RESOURCE + SHARED_SUFFIX, parse_count(allocatable.get(GPU_RESOURCE + SHARED_SUFFIX)), True
+    elif full <= 0 and mig:
         # MIG 'mixed': each profile is its own resource (nvidia.com/mig-1g.5gb); the product label is the
         # whole GPU's. One resource per node is planned on: the profile with the most memory in total.
         resource = max(mig, key=lambda k: (mig[k] * _profile_gb(k), k))
         count = mig[resource]
         profile = resource[len("nvidia.com/"):].removeprefix("mig-")
+        if profile.endswith(SHARED_SUFFIX):
+            profile, renamed = profile[: -len(SHARED_SUFFIX)], True
         mem = parse_count(labels.get(f"nvidia.com/mig-{profile}.memory"))   # 0: the profile's size
         others = sorted(k for k in mig if k != resource)
         notes.append(f"MIG mixed: planned on {count} x {resource}" +
@@ -278,8 +287,8 @@ def gpu_view(labels: Mapping[str, str], allocatable: Mapping[str, Any]) -> dict[
     if base.upper().endswith("-SHARED"):
         base = base[: -len("-SHARED")]
         shared = max(2, parse_count(labels.get(LABEL_REPLICAS)))
-    elif parse_count(labels.get(LABEL_REPLICAS)) > 1:
-        shared = parse_count(labels.get(LABEL_REPLICAS))
+    elif parse_count(labels.get(LABEL_REPLICAS)) > 1 or renamed:
+        shared = max(2, parse_count(labels.get(LABEL_REPLICAS)))
     if "-MIG-" in base:
         # MIG 'single': the product label is `<product>-MIG-<profile>` and nvidia.com/gpu counts slices.
         base, _, profile = base.partition("-MIG-")
@@ -368,7 +377,7 @@ def node_info(
 
 
 def _is_gpu_resource(name: str) -> bool:
-    return name in (GPU_RESOURCE, AMD_GPU_RESOURCE) or name.startswith(MIG_RESOURCE_PREFIX)
+    return name in (GPU_RESOURCE, AMD_GPU_RESOURCE, GPU_RESOURCE + SHARED_SUFFIX) or name.startswith(MIG_RESOURCE_PREFIX)
 
 
 def _container_gpus(c: Mapping[str, Any]) -> int:
