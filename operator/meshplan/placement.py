@@ -197,6 +197,8 @@ class _Capacity:
         for d in topology.domains:
             if req.product and d.product != req.product:
                 continue
+            if req.gpus_per_replica > 1 and d.max_group_gpus == 1 and d.total_gpus > 1:
+                continue                     # MIG slices / time-sliced GPUs: never part of a multi-GPU group
             members = list(d.nodes)
             if not members:
                 continue

@@ -18,7 +18,17 @@ Where the facts come from
   NVLink partition, e.g. one GB200 NVL72 rack).
 - GPU count: `status.allocatable["nvidia.com/gpu"]` (the device plugin's resource;
   kube-scheduler's NodeResourcesFit enforces it), not the `gpu.count` label,
-  because allocatable already excludes unhealthy GPUs.
+  because allocatable already excludes unhealthy GPUs. AMD: `amd.com/gpu`; MIG
+  mixed: `nvidia.com/mig-<profile>` (see `gpu_view`).
+- What GPU that is (`gpu_view`, `NodeInfo.gpu`): the catalogue entry of the product
+  label (AMD: of `amd.com/gpu.device-id`, else `amd.com/gpu.product-name`, from AMD's
+  node labeller, `beta.amd.com/...` as fallback), turned into a derived GPU where
+  the labels say more: `nvidia.com/gpu.memory` (or `amd.com/gpu.vram`) more than 2%
+  off the catalogue -> that memory; MIG (`-MIG-<profile>` product suffix under the
+  single strategy, `nvidia.com/mig-*` resources under mixed) -> one slice; time-slicing
+  (`-SHARED` suffix, `nvidia.com/gpu.replicas` per GPU) -> 1/n of the GPU. Slices and
+  shared GPUs have no NVLink and are never part of a multi-GPU group. A product the
+  catalogue does not know gives `gpu=None`; `NodeInfo.unknown` names it with its label.
 - Zone: `topology.kubernetes.io/zone` (Kubernetes well-known labels).
 
 Schedulable capacity
@@ -50,7 +60,8 @@ NVLink domains (the rule placement honours)
   MNNVL). A clique whose nodes disagree on product or zone is split by both, so
   every domain is homogeneous and inside one zone.
 - Any other node is its own domain.
-- PCIe-only products (catalogue `nvlink_domain == 1`, e.g. L40S) have no NVLink at
+- PCIe-only products (catalogue `nvlink_domain == 1`, e.g. L40S; never decided from
+  the product's name) have no NVLink at
   all. Their node is still the domain, with `nvlink=False`: a TP/EP group may span
   the node's GPUs (over PCIe, slower; the planner prices it with the PCIe/NIC
   bandwidth via `nvlink_gpus == 1`) but never crosses nodes. This keeps e.g.
@@ -62,10 +73,21 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 GPU_RESOURCE = "nvidia.com/gpu"
+AMD_GPU_RESOURCE = "amd.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+SHARED_SUFFIX = ".shared"          # time-slicing with renameByDefault=true
+LABEL_MIG_STRATEGY = "nvidia.com/mig.strategy"
+LABEL_REPLICAS = "nvidia.com/gpu.replicas"
+# AMD GPU operator node labeller (ROCm/k8s-device-plugin docs/user-guide/installation.md): current prefix
+# `amd.com/gpu.*`, legacy `beta.amd.com/gpu.*` (read when the current one is missing).
+LABEL_AMD_PRODUCT = "amd.com/gpu.product-name"
+LABEL_AMD_DEVICE_ID = "amd.com/gpu.device-id"
+LABEL_AMD_VRAM = "amd.com/gpu.vram"
+LABEL_AMD_FAMILY = "amd.com/gpu.family"
 LABEL_PRODUCT = "nvidia.com/gpu.product"
 LABEL_MEMORY_MIB = "nvidia.com/gpu.memory"
 LABEL_FAMILY = "nvidia.com/gpu.family"
@@ -83,27 +105,16 @@ DEFAULT_TOLERATIONS: tuple[Mapping[str, str], ...] = (
     {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
 )
 
-# Fallback when meshplan.catalog.gpus does not know a product: substrings of
-# nvidia.com/gpu.product values of PCIe-only cards (NVIDIA product pages: L40S, L40,
-# L4, A10, A40, T4 and RTX boards have no NVLink switch; "-PCIe" SKUs of H100/A100
-# have at most 2-GPU bridges, treated as none).
-_PCIE_PRODUCT_MARKERS = ("L40", "-L4", "A10", "A40", "T4", "RTX", "PCIE")
-
-
-@lru_cache(maxsize=256)
 def product_has_nvlink(product: str) -> bool:
-    """Whether GPUs of this product talk over NVLink inside a node (False: PCIe only).
-
-    Uses the GPU catalogue (`nvlink_domain > 1`) when it knows the product; else a
-    small list of PCIe-only markers; unknown SXM-style products default to NVLink.
-    """
+    """Whether GPUs of this product (a label value or catalogue/derived name) talk over NVLink inside a
+    domain: the catalogue entry's `nvlink_domain > 1`, never a substring of the name. A product the
+    catalogue does not know has no NVLink (and is not planned on: `NodeInfo.unknown`)."""
     try:
         from meshplan.catalog.gpus import get_gpu
 
         return get_gpu(product).nvlink_domain > 1
-    except (ImportError, KeyError):
-        up = product.upper()
-        return not any(m in up for m in _PCIE_PRODUCT_MARKERS)
+    except KeyError:
+        return False
 
 
 def parse_count(value: Any) -> int:
@@ -138,10 +149,23 @@ class NodeInfo:
     schedulable: bool
     unschedulable_reason: str = ""
     labels: tuple[tuple[str, str], ...] = ()
+    gpu: str | None = None          # catalogue (or derived, see catalog.gpus.get_gpu) GPU; None: not known
+    resource: str = GPU_RESOURCE    # extended resource the pods request (nvidia.com/gpu, amd.com/gpu, nvidia.com/mig-*)
+    product_label: str = LABEL_PRODUCT   # the node label that carries `product` (node affinity uses it)
+    notes: tuple[str, ...] = ()     # what the labels said that changed the catalogue's view (shown in plan/status)
 
     @property
     def nvlink(self) -> bool:
-        return product_has_nvlink(self.product)
+        return product_has_nvlink(self.gpu) if self.gpu else False
+
+    @property
+    def unknown(self) -> str:
+        """Why this node's GPUs cannot be planned on ('' when they can): the product label, named."""
+        if self.gpu:
+            return ""
+        return (f"node {self.name}: {self.product_label}={self.product} is not in the GPU catalogue; declare it "
+                f"(memory, bandwidth, dense TFLOP/s per dtype, interconnect) in the chart value gpuCatalog, "
+                f"or for the CLI `meshplan plan --gpu-catalog FILE` (docs/install.md)")
 
     @cached_property
     def label_map(self) -> dict[str, str]:
@@ -178,6 +202,137 @@ def _ready(node: Mapping[str, Any]) -> bool | None:
     return None
 
 
+def _amd_label(labels: Mapping[str, str], key: str) -> str:
+    """An AMD node-labeller label, current prefix first, then the legacy `beta.` one. The legacy labels are
+    count-style (`beta.amd.com/gpu.device-id.74a1: "8"`): the value is then the suffix of the key."""
+    if labels.get(key):
+        return labels[key]
+    beta = "beta." + key
+    if labels.get(beta):
+        return labels[beta]
+    for k in labels:
+        if k.startswith(beta + "."):
+            return k[len(beta) + 1:]
+    return ""
+
+
+def _mib_from_gib_label(value: str) -> int:
+    """`192G` (AMD labeller: VRAM in GiB, rounded) -> MiB; '' or junk -> 0."""
+    v = value.strip().upper().removesuffix("B").removesuffix("G")
+    try:
+        return int(float(v) * 1024)
+    except ValueError:
+        return 0
+
+
+def gpu_view(labels: Mapping[str, str], allocatable: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What GPUs a node offers, from its labels and allocatable resources (pure; see module doc):
+    {resource, gpus, product, product_label, gpu (catalogue/derived name or None), memory_mib, notes}.
+    None when the node advertises no GPU resource."""
+    from meshplan.catalog import gpus as cat
+
+    notes: list[str] = []
+    full = parse_count(allocatable.get(GPU_RESOURCE))
+    amd = parse_count(allocatable.get(AMD_GPU_RESOURCE))
+    mig = {k: parse_count(v) for k, v in allocatable.items() if str(k).startswith(MIG_RESOURCE_PREFIX)}
+    mig = {k: v for k, v in mig.items() if v > 0}
+
+    if amd > 0 and full <= 0:
+        product = _amd_label(labels, LABEL_AMD_PRODUCT)
+        device_id = _amd_label(labels, LABEL_AMD_DEVICE_ID)
+        spec = cat.gpu_for_device_id(device_id) if device_id else None
+        if spec is None and product:
+            try:
+                spec = cat.get_gpu(product)
+            except KeyError:
+                spec = None
+        mem = _mib_from_gib_label(_amd_label(labels, LABEL_AMD_VRAM))
+        # The label node affinity pins the product with: a plain label holding it, else none ('': the legacy
+        # count-style `beta.amd.com/gpu.device-id.<id>` labels carry no value to match; the domain's hostname
+        # label still pins the node).
+        label_key = next((k for k in (LABEL_AMD_PRODUCT, "beta." + LABEL_AMD_PRODUCT, LABEL_AMD_DEVICE_ID,
+                                      "beta." + LABEL_AMD_DEVICE_ID) if labels.get(k)), "")
+        product = labels.get(label_key, "") if label_key else (device_id or "unknown")
+        gpu = None
+        if spec is not None:
+            derived = cat.with_memory(spec, mem)
+            if derived is not spec:
+                notes.append(f"{AMD_GPU_RESOURCE}.vram={mem // 1024}G differs from the catalogue's "
+                             f"{spec.memory_gib:.1f} GiB for {spec.name}: planned with the node's {mem / 1024:.1f} GiB")
+            gpu = derived.name
+        return {"resource": AMD_GPU_RESOURCE, "gpus": amd, "product": product, "product_label": label_key,
+                "gpu": gpu, "memory_mib": mem, "notes": tuple(notes)}
+
+    product = labels.get(LABEL_PRODUCT, "")
+    resource, count, profile, mem = GPU_RESOURCE, full, "", parse_count(labels.get(LABEL_MEMORY_MIB))
+    renamed = False
+    # Time-slicing with renameByDefault=true advertises `<resource>.shared` (nvidia.com/gpu.shared,
+    # nvidia.com/mig-1g.5gb.shared) and leaves the product label as it is (NVIDIA cloud-native-docs
+    # gpu-operator/gpu-sharing.rst).
+    if full <= 0 and parse_count(allocatable.get(GPU_RESOURCE + SHARED_SUFFIX)) > 0:
+        resource, count, renamed = GPU_RESOURCE + SHARED_SUFFIX, parse_count(allocatable.get(GPU_RESOURCE + SHARED_SUFFIX)), True
+    elif full <= 0 and mig:
+        # MIG 'mixed': each profile is its own resource (nvidia.com/mig-1g.5gb); the product label is the
+        # whole GPU's. One resource per node is planned on: the profile with the most memory in total.
+        resource = max(mig, key=lambda k: (mig[k] * _profile_gb(k), k))
+        count = mig[resource]
+        profile = resource[len("nvidia.com/"):].removeprefix("mig-")
+        if profile.endswith(SHARED_SUFFIX):
+            profile, renamed = profile[: -len(SHARED_SUFFIX)], True
+        mem = parse_count(labels.get(f"nvidia.com/mig-{profile}.memory"))   # 0: the profile's size
+        others = sorted(k for k in mig if k != resource)
+        notes.append(f"MIG mixed: planned on {count} x {resource}" +
+                     (f"; {', '.join(others)} not used" if others else ""))
+    elif full > 0 and mig:
+        notes.append(f"MIG mixed: planned on the {full} whole GPUs; {', '.join(sorted(mig))} not used")
+    if count <= 0:
+        return None
+    base = product
+    shared = 0
+    if base.upper().endswith("-SHARED"):
+        base = base[: -len("-SHARED")]
+        shared = max(2, parse_count(labels.get(LABEL_REPLICAS)))
+    elif parse_count(labels.get(LABEL_REPLICAS)) > 1 or renamed:
+        shared = max(2, parse_count(labels.get(LABEL_REPLICAS)))
+    if "-MIG-" in base:
+        # MIG 'single': the product label is `<product>-MIG-<profile>` and nvidia.com/gpu counts slices.
+        base, _, profile = base.partition("-MIG-")
+    try:
+        spec = cat.get_gpu(base) if base else None
+    except KeyError:
+        spec = None
+    gpu = None
+    if spec is not None:
+        name = spec.name
+        if profile:
+            name += f"/mig-{profile.lower()}"
+            notes.append(f"MIG {profile}: {count} slices, each a small GPU without NVLink (never part of a "
+                         f"multi-GPU group)")
+        if shared:
+            name += f"/shared-{shared}"
+            notes.append(f"time-sliced: {count} replicas ({shared} per GPU, {LABEL_REPLICAS}), each planned as "
+                         f"1/{shared} of a GPU without NVLink (never part of a multi-GPU group)")
+        derived = cat.get_gpu(name)
+        if mem > 0 and not shared:
+            with_mem = cat.with_memory(derived, mem)
+            if with_mem is not derived:
+                if not profile:
+                    notes.append(f"{LABEL_MEMORY_MIB}={mem} MiB differs from the catalogue's "
+                                 f"{derived.memory_gib * 1024:,.0f} MiB for {spec.name}: planned with the node's "
+                                 f"{mem / 1024:.1f} GiB")
+                derived = with_mem
+        gpu = derived.name
+    return {"resource": resource, "gpus": count, "product": product or "unknown", "product_label": LABEL_PRODUCT,
+            "gpu": gpu, "memory_mib": mem, "notes": tuple(notes)}
+
+
+def _profile_gb(resource: str) -> float:
+    try:
+        return float(resource.rsplit(".", 1)[1].rstrip("gb"))
+    except (IndexError, ValueError):
+        return 0.0
+
+
 def node_info(
     node: Mapping[str, Any],
     tolerations: Sequence[Mapping[str, Any]] = DEFAULT_TOLERATIONS,
@@ -191,8 +346,8 @@ def node_info(
     meta = node.get("metadata") or {}
     labels: dict[str, str] = dict(meta.get("labels") or {})
     status = node.get("status") or {}
-    gpus = parse_count((status.get("allocatable") or {}).get(GPU_RESOURCE))
-    if gpus <= 0:
+    view = gpu_view(labels, status.get("allocatable") or {})
+    if view is None:
         return None
     name = meta.get("name", "")
     reasons = []
@@ -209,25 +364,37 @@ def node_info(
             reasons.append(f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}")
     return NodeInfo(
         name=name,
-        product=labels.get(LABEL_PRODUCT, "unknown"),
-        gpus=gpus,
-        gpu_memory_mib=parse_count(labels.get(LABEL_MEMORY_MIB)),
-        family=labels.get(LABEL_FAMILY, ""),
+        product=view["product"],
+        gpus=view["gpus"],
+        gpu_memory_mib=view["memory_mib"],
+        family=labels.get(LABEL_FAMILY) or _amd_label(labels, LABEL_AMD_FAMILY),
         zone=labels.get(LABEL_ZONE, ""),
         clique=labels.get(LABEL_CLIQUE) or None,
         hostname=labels.get(LABEL_HOSTNAME, name),
         schedulable=not reasons,
         unschedulable_reason="; ".join(reasons),
         labels=tuple(sorted(labels.items())),
+        gpu=view["gpu"],
+        resource=view["resource"],
+        product_label=view["product_label"],
+        notes=view["notes"],
     )
 
 
+def _is_gpu_resource(name: str) -> bool:
+    return name in (GPU_RESOURCE, AMD_GPU_RESOURCE, GPU_RESOURCE + SHARED_SUFFIX) or name.startswith(MIG_RESOURCE_PREFIX)
+
+
 def _container_gpus(c: Mapping[str, Any]) -> int:
+    """GPUs (whole, AMD or MIG slices) a container asks for: its request, else its limit, per resource."""
     res = c.get("resources") or {}
-    req = (res.get("requests") or {}).get(GPU_RESOURCE)
-    if req is None:
-        req = (res.get("limits") or {}).get(GPU_RESOURCE)
-    return parse_count(req)
+    requests = res.get("requests") or {}
+    limits = res.get("limits") or {}
+    total = 0
+    for r in {*requests, *limits}:
+        if _is_gpu_resource(str(r)):
+            total += parse_count(requests[r] if r in requests else limits.get(r))
+    return total
 
 
 def pod_gpus(pod: Mapping[str, Any]) -> int:
@@ -304,11 +471,22 @@ class Domain:
     match_labels: tuple[tuple[str, str], ...]
     gpu_memory_mib: int = 0
     family: str = ""
+    gpu: str | None = None                    # catalogue/derived GPU name (NodeInfo.gpu); None: unknown product
+    resource: str = GPU_RESOURCE              # extended resource the pods request
+    product_label: str = LABEL_PRODUCT        # node label carrying `product`
 
     @property
     def nvlink_gpus(self) -> int:
         """GPUs that reach each other over NVLink (1 on PCIe-only products)."""
         return self.total_gpus if self.nvlink else 1
+
+    @property
+    def max_group_gpus(self) -> int:
+        """GPUs one TP/EP group (pipeline stage) may span here: 1 on MIG slices and time-sliced replicas
+        (never part of a multi-GPU group), else the domain's GPUs."""
+        from meshplan.catalog.gpus import is_fractional
+
+        return 1 if is_fractional(self.gpu) else self.total_gpus
 
     @property
     def multi_node(self) -> bool:
@@ -474,23 +652,25 @@ def build_topology_from_infos(
     for s in nodes.values():
         i = s.info
         key = ("clique", i.clique, i.zone, i.product) if i.clique else ("node", i.name, i.zone, i.product)
-        groups[key].append(s)
+        groups[key + (i.gpu, i.resource)].append(s)
     # Cliques split by zone/product get a qualified name and extra match labels.
     clique_keys: dict[str, int] = defaultdict(int)
     for k in groups:
         if k[0] == "clique":
-            clique_keys[k[1]] += 1
+            clique_keys[k[1]] += 1   # a clique whose nodes disagree on product, GPU or resource is split
 
     domains = []
     for key, members in groups.items():
-        kind, ident, zone, product = key
+        kind, ident, zone, product = key[:4]
         first = members[0].info
         if kind == "clique":
             split = clique_keys[ident] > 1
             name = f"{ident}/{zone}/{product}" if split else ident
+            if split and sum(1 for k in groups if k[:4] == key[:4]) > 1:
+                name += f"/{key[4] or 'unknown'}"
             match = [(LABEL_CLIQUE, ident)]
             if split:
-                match += [(LABEL_ZONE, zone), (LABEL_PRODUCT, product)]
+                match += [(LABEL_ZONE, zone), (first.product_label, product)]
         else:
             name = ident
             match = [(LABEL_HOSTNAME, first.hostname)]
@@ -507,6 +687,9 @@ def build_topology_from_infos(
             match_labels=tuple(match),
             gpu_memory_mib=first.gpu_memory_mib,
             family=first.family,
+            gpu=first.gpu,
+            resource=first.resource,
+            product_label=first.product_label,
         ))
     domains.sort(key=lambda d: d.name)
     return Topology(nodes=nodes, domains=tuple(domains), excluded=tuple(excluded))

@@ -3,6 +3,9 @@
     meshplan plan llmd.yaml                       # GPUs from spec.gpus (default h100_sxm)
     meshplan plan llmd.yaml --fleet gb200-nvl72   # restricted to a fleet file's free NVLink domains
     meshplan plan llmd.yaml --kubeconfig ~/.kube/config   # ... or a live cluster's Nodes and Pods
+    kubectl get nodes -o yaml > nodes.yaml; kubectl get pods -A -o yaml > pods.yaml
+    meshplan plan llmd.yaml --nodes nodes.yaml --pods pods.yaml  # ... or those, offline
+    meshplan plan llmd.yaml --nodes nodes.yaml --gpu-catalog my-gpus.yaml   # GPUs the catalogue lacks
     meshplan plan llmd.yaml --output json --plot frontier.png
 
 The planning itself is `meshplan.planner.plan_for_spec` (pure); this module
@@ -28,6 +31,8 @@ def register(subparsers: Any) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--fleet", help="fleet name (hgx-h100, gb200-nvl72, mixed) or fleet YAML file")
     src.add_argument("--kubeconfig", help="read Nodes and Pods of this cluster to find free GPUs")
+    src.add_argument("--nodes", metavar="FILE", help="Nodes as `kubectl get nodes -o yaml` (or -o json) prints them")
+    add_offline_args(p)
     p.add_argument("--output", "-o", choices=("table", "json", "yaml"), default="table")
     p.add_argument("--plot", metavar="FILE.png", help="write the throughput-vs-interactivity picture")
     p.add_argument("--show-rejected", action="store_true", help="list every rejected layout with its reason")
@@ -35,6 +40,50 @@ def register(subparsers: Any) -> None:
                    help="let a TP/EP group span NVLink domains over the NIC (priced, usually slower; "
                         "placement still keeps stages inside a domain)")
     p.set_defaults(func=run)
+
+
+def add_offline_args(p: Any) -> None:
+    p.add_argument("--pods", metavar="FILE",
+                   help="with --nodes: Pods as `kubectl get pods -A -o yaml` prints them (GPUs in use)")
+    p.add_argument("--gpu-catalog", metavar="FILE",
+                   help="declare GPUs the catalogue lacks (the chart value gpuCatalog's format, docs/install.md)")
+
+
+def read_kube_objects(path: str, kind: str) -> list[dict[str, Any]]:
+    """Objects of `kind` from a file as kubectl prints them: a `List` with `items` (`kubectl get nodes -o
+    yaml|json`), a single object, or several YAML documents. Raises ValueError naming the file."""
+    import yaml
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        docs = [d for d in yaml.safe_load_all(text) if d]    # JSON is YAML
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: cannot read {kind} objects: {exc}") from None
+    out: list[dict[str, Any]] = []
+    for d in docs:
+        if not isinstance(d, dict):
+            continue
+        items = d.get("items") if d.get("kind", "").endswith("List") or "items" in d else None
+        for o in (items if items is not None else [d]):
+            if isinstance(o, dict) and o.get("kind", kind) == kind:
+                out.append(o)
+    if kind == "Node" and not out:
+        raise ValueError(f"{path}: no Node objects found; give the output of `kubectl get nodes -o yaml`")
+    return out
+
+
+def load_gpu_catalog_arg(path: str | None, prog: str) -> bool:
+    """Register the GPUs declared in `--gpu-catalog FILE`; False after printing why not."""
+    if not path:
+        return True
+    from meshplan.catalog.gpus import load_gpu_catalog
+
+    try:
+        load_gpu_catalog(path)
+    except (OSError, ValueError) as exc:
+        print(f"{prog}: --gpu-catalog {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def _read_manifest(path: str) -> dict[str, Any]:
@@ -84,6 +133,11 @@ def run(args: argparse.Namespace) -> int:
     from meshplan.planner import plan_for_spec, plan_to_dict
     from meshplan.planner.fleet import load_fleet
 
+    if args.pods and not args.nodes:
+        print("meshplan plan: --pods needs --nodes (the pods' GPUs are charged to those nodes)", file=sys.stderr)
+        return 2
+    if not load_gpu_catalog_arg(args.gpu_catalog, "meshplan plan"):
+        return 2
     llmd = load_deployment(args.manifest, "meshplan plan")
     if llmd is None:
         return 2
@@ -92,6 +146,12 @@ def run(args: argparse.Namespace) -> int:
         fleet = None
         if args.fleet:
             fleet = load_fleet(args.fleet, node_selector=selector)
+        elif args.nodes:
+            from meshplan.planner.fleet import fleet_from_objects
+
+            pods = read_kube_objects(args.pods, "Pod") if args.pods else []
+            fleet = fleet_from_objects(read_kube_objects(args.nodes, "Node"), pods, node_selector=selector,
+                                       name=args.nodes, ready_if_unknown=True)
         elif args.kubeconfig:
             try:
                 fleet = fleet_from_kubeconfig(args.kubeconfig, selector)

@@ -3,6 +3,7 @@
     meshplan render examples/llama-3.1-70b-hgx-h100.yaml --fleet hgx-h100
     meshplan render llmd.yaml --fleet gb200-nvl72 --compute-domains --explain
     meshplan render llmd.yaml --kubeconfig ~/.kube/config > children.yaml
+    meshplan render llmd.yaml --nodes nodes.yaml --pods pods.yaml   # `kubectl get nodes/pods -o yaml` output
 
 Plans on the fleet's (or cluster's) free GPUs, places the replicas on NVLink
 domains and prints the pods, Services and ComputeDomains as YAML, with a
@@ -27,6 +28,10 @@ def register(subparsers: Any) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--fleet", help="fleet name (hgx-h100, gb200-nvl72, mixed) or fleet YAML file")
     src.add_argument("--kubeconfig", help="read this cluster's Nodes and Pods for free GPUs")
+    src.add_argument("--nodes", metavar="FILE", help="Nodes as `kubectl get nodes -o yaml` (or -o json) prints them")
+    from meshplan.commands.plan import add_offline_args
+
+    add_offline_args(p)
     p.add_argument("--compute-domains", action="store_true",
                    help="the NVIDIA DRA ComputeDomain CRD exists: render IMEX claims for multi-node NVLink groups")
     p.add_argument("--no-gate", action="store_true", help="render pods without the gang scheduling gate")
@@ -35,11 +40,22 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _own(pods: list, name: str, namespace: str) -> list:
+    return [p for p in pods if (p.get("metadata") or {}).get("namespace") == namespace
+            and ((p.get("metadata") or {}).get("labels") or {}).get("meshplan.dev/deployment") == name]
+
+
 def _nodes_and_pods(args: argparse.Namespace, name: str, namespace: str) -> tuple[list, list, bool]:
     if args.fleet:
         from meshplan.devcluster.fleets import fleet_nodes, load_fleet
 
         return fleet_nodes(load_fleet(args.fleet)), [], True
+    if args.nodes:
+        from meshplan.commands.plan import read_kube_objects
+
+        pods = read_kube_objects(args.pods, "Pod") if args.pods else []
+        own = _own(pods, name, namespace)
+        return read_kube_objects(args.nodes, "Node"), [p for p in pods if p not in own], True
     from kubernetes import client, config
 
     api = config.new_client_from_config(config_file=args.kubeconfig)
@@ -47,14 +63,14 @@ def _nodes_and_pods(args: argparse.Namespace, name: str, namespace: str) -> tupl
     nodes = [api.sanitize_for_serialization(n) for n in v1.list_node().items]
     pods = [api.sanitize_for_serialization(p) for p in
             v1.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items]
-    own = [p for p in pods if (p.get("metadata") or {}).get("namespace") == namespace
-           and ((p.get("metadata") or {}).get("labels") or {}).get("meshplan.dev/deployment") == name]
+    own = _own(pods, name, namespace)
     return nodes, [p for p in pods if p not in own], False
 
 
 def _header(result: Any, fleet: str) -> list[str]:
     c = result.plan.choice
     lines = [f"meshplan render: {fleet}"]
+    lines += [f"note: {n}" for n in result.plan.extra.get("notes", [])]
     if c is None:
         return lines + [f"no feasible plan: {result.plan.reason}"]
     n = result.request.replicas if result.request is not None else c.layout.dp
@@ -86,6 +102,13 @@ def run(args: argparse.Namespace) -> int:
     from meshplan.render.pipeline import plan_place_render
     from meshplan.topology import build_topology
 
+    from meshplan.commands.plan import load_gpu_catalog_arg
+
+    if args.pods and not args.nodes:
+        print("meshplan render: --pods needs --nodes", file=sys.stderr)
+        return 2
+    if not load_gpu_catalog_arg(args.gpu_catalog, "meshplan render"):
+        return 2
     llmd = load_deployment(args.manifest, "meshplan render")
     if llmd is None:
         return 2
@@ -96,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     except (RenderError, ValueError, KeyError) as exc:
         print(f"meshplan render: {exc}", file=sys.stderr)
         return 2
-    header = _header(result, args.fleet or args.kubeconfig)
+    header = _header(result, args.fleet or args.kubeconfig or args.nodes)
     if result.rendered is not None and args.explain:
         header.append("why each setting:")
         header += [f"  {e.line()}" for e in result.rendered.explain]

@@ -47,12 +47,28 @@ def register(subparsers: Any) -> None:
                    help="a Prometheus endpoint LLMDeployments may pick by name (spec.autoscaling.prometheus); "
                         "repeatable; --prometheus-url is the one named 'default'; no other URL is ever queried "
                         "(default: $MESHPLAN_PROMETHEUS_ENDPOINTS, NAME=URL entries separated by commas, or JSON)")
+    p.add_argument("--gpu-catalog", metavar="FILE", default=os.environ.get("MESHPLAN_GPU_CATALOG") or None,
+                   help="declare GPUs the built-in catalogue lacks (the chart value gpuCatalog, mounted as a "
+                        "file; default: $MESHPLAN_GPU_CATALOG); a bad entry stops the operator, naming the field")
     p.add_argument("--verbose", "-v", action="store_true")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import logging
+    import sys
+
+    if args.gpu_catalog:
+        # Read before anything is reconciled: every plan and spec check must see the declared GPUs.
+        from meshplan.catalog.gpus import load_gpu_catalog
+
+        try:
+            declared = load_gpu_catalog(args.gpu_catalog)
+        except (OSError, ValueError) as exc:
+            print(f"meshplan run: --gpu-catalog {exc}", file=sys.stderr)
+            return 2
+        print(f"meshplan run: declared GPUs from {args.gpu_catalog}: {', '.join(g.name for g in declared) or 'none'}",
+              file=sys.stderr)
 
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = os.path.abspath(args.kubeconfig)

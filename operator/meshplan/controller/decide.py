@@ -304,7 +304,6 @@ def fallback_target(spec: Any, target: Target, topology: Topology, replicas: int
     A mix of products within one deployment is not made: one layout, one engine config,
     one per-replica capacity for the autoscaler.
     """
-    from meshplan.catalog.gpus import get_gpu
     from meshplan.topology import LABEL_PRODUCT
 
     if replicas <= 0 or target.plan.choice is None or replicas_that_fit(target, topology, replicas) >= replicas:
@@ -312,15 +311,14 @@ def fallback_target(spec: Any, target: Target, topology: Topology, replicas: int
     selector = dict(target.pods.node_selector)
     selected = topology.select(selector)
     free: dict[str, int] = {}
+    label_of: dict[str, str] = {}
     for d in selected.domains:
-        try:
-            same = get_gpu(d.product).name == target.plan.choice.gpu
-        except KeyError:
-            same = False
-        if d.product and d.product != target.product and not same:
+        same = d.gpu is not None and d.gpu == target.plan.choice.gpu
+        if d.product and d.product_label and d.product != target.product and not same:
             free[d.product] = free.get(d.product, 0) + d.free_gpus
+            label_of[d.product] = d.product_label
     for product in sorted((p for p, f in free.items() if f > 0), key=lambda p: (-free[p], p)):
-        only = selected.select({**selector, LABEL_PRODUCT: product})
+        only = selected.select({**selector, label_of.get(product, LABEL_PRODUCT): product})
         try:
             plan = plan_fn(spec, only.to_fleet())
         except ValueError:

@@ -91,10 +91,21 @@ def _planned_spec(spec: Any) -> dict[str, Any]:
     return doc
 
 
+def _plain(product: str) -> str | None:
+    from meshplan.catalog.gpus import get_gpu
+
+    try:
+        return get_gpu(product).name
+    except KeyError:
+        return None
+
+
 def plan_key(spec: Any, topology: Topology) -> str:
     """Hash of what the plan depends on: the spec without replicas/autoscaling, and the fleet's shape."""
-    shape = sorted((d.name, d.product, d.total_gpus, d.zone) for d in topology.select(
-        dict(spec.gpus.node_selector or {})).domains)
+    # A domain whose GPU the labels changed (memory label, MIG, time-slicing: `gpu` is a derived name) adds
+    # that name, so relabelling replans; plain catalogue GPUs keep the shape (and stored plans) of before.
+    shape = sorted((d.name, d.product, d.total_gpus, d.zone) + ((d.gpu,) if d.gpu and d.gpu != _plain(d.product) else ())
+                   for d in topology.select(dict(spec.gpus.node_selector or {})).domains)
     raw = json.dumps({"spec": _planned_spec(spec), "fleet": shape}, sort_keys=True, default=str)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
@@ -141,6 +152,11 @@ def _capacity_message(spec: Any, topology: Topology, reason: str,
     whole = empty.select(sel).to_fleet() if empty is not None else None
     if whole is not None and not whole.gpus():
         whole = None
+    fleet = topology.select(sel).to_fleet()
+    if fleet.unknown and not fleet.gpus():
+        # Not capacity: the nodes' GPUs are there but their product is not known (named, with its label).
+        return "UnknownGPUProduct", reason
+
     try:
         unbounded = plan_for_spec(spec, whole)
     except ValueError:

@@ -91,19 +91,33 @@ def plan(
         raise ValueError(f"objective {objective!r} is not one of {', '.join(OBJECTIVES)} (spec.objective)")
     gpu_list = [gpus] if isinstance(gpus, str) or not isinstance(gpus, Sequence) else list(gpus)
     specs = [get_gpu(g) if isinstance(g, str) else g for g in gpu_list]
+    fleet_notes: list[str] = []
     if fleet is not None:
-        in_fleet = set(fleet.gpus())
-        specs = [g for g in specs if g.name in in_fleet]
+        # A requested catalogue GPU also matches the variants the nodes' labels made of it
+        # (`h100_sxm@40536mib`, `a100_sxm_40gb/mig-1g.5gb`: see catalog.gpus.get_gpu).
+        wanted = {g.name for g in specs}
+        specs = [get_gpu(n) for n in fleet.gpus()
+                 if n in wanted or n.split("@")[0] in wanted or n.split("@")[0].split("/")[0] in wanted]
+        fleet_notes = [*fleet.notes, *fleet.unknown]
         if not specs:
             where = f"the fleet {fleet.name}" if getattr(fleet, "name", "") else "the fleet"
-            return Plan(None, objective, f"{where} has no free GPUs of "
-                        f"{', '.join(str(g) for g in gpu_list)} (free: {', '.join(fleet.gpus()) or 'none'}); "
-                        f"change spec.gpus.products or free capacity", model=getattr(model, "name", ""))
+            unknown = list(fleet.unknown)
+            told = "; ".join(unknown[:3]) + (f" (and {len(unknown) - 3} more nodes)" if len(unknown) > 3 else "")
+            if unknown and not fleet.gpus():
+                reason = f"no GPU of {where} is in the GPU catalogue: {told}"
+            else:
+                reason = (f"{where} has no free GPUs of "
+                          f"{', '.join(str(getattr(g, 'name', g)) for g in gpu_list)} "
+                          f"(free: {', '.join(fleet.gpus()) or 'none'}); change spec.gpus.products or free capacity"
+                          + (f"; {told}" if unknown else ""))
+            return Plan(None, objective, reason, model=getattr(model, "name", ""), extra={"notes": list(fleet.notes)})
     dp: DpPolicy = replicas if replicas else ("min" if objective == "minCostWithinSLO" else "fill")
     candidates: list = []
     rejected: list[Rejected] = []
     evaluated = 0
     extra: dict[str, Any] = {"per_gpu": {}}
+    if fleet_notes:
+        extra["notes"] = list(fleet_notes)
     for g in specs:
         sub = fleet.for_gpu(g.name) if fleet is not None else None
         budget = max_gpus
@@ -136,6 +150,10 @@ def plan(
                 f"per replica: the engine queues (or preempts) the rest, and the prediction includes it")
         reason = f"{reason}. {kept}"
         extra.setdefault("notes", []).append(kept)
+    if chosen.choice is not None and fleet is not None and fleet.notes_for(chosen.choice.gpu):
+        # What the nodes' labels changed about the chosen GPU (memory label, MIG, sharing) is part of the
+        # sentence the Planned condition and status.plan.reason show.
+        reason += f" (GPU {chosen.choice.gpu} from the node labels: {'; '.join(fleet.notes_for(chosen.choice.gpu))})"
     if not candidates and rejected:
         reason = (f"every layout was rejected; e.g. {rejected[0].layout.label()}: {rejected[0].reason}")
     if chosen.choice is not None:

@@ -55,6 +55,12 @@ class FleetDomain:
     nvlink: bool = True
     node_free_gpus: tuple[int, ...] = ()     # per node (empty: treated as one node of free_gpus)
     node_total_gpus: tuple[int, ...] = ()
+    max_group: int = 0                       # largest TP/EP group (stage) here; 0 = no limit (1 on MIG/shared)
+
+    def stage_fits(self, stage_gpus: int, pp: int = 1) -> bool:
+        """Whether a replica of `pp` stages of `stage_gpus` may use this domain (MIG slices and shared GPUs
+        take 1-GPU replicas only: no TP, EP or PP across them)."""
+        return not self.max_group or stage_gpus * pp <= self.max_group
 
     def pods(self, g: int, *, total: bool = False) -> int:
         """Pods of `g` GPUs the domain's nodes offer (free, or all GPUs with `total`)."""
@@ -67,6 +73,14 @@ class FleetDomain:
 class Fleet:
     domains: tuple[FleetDomain, ...] = ()
     name: str = ""
+    # What the nodes' labels said: per node, an unknown product named with its label
+    # (`NodeInfo.unknown`), and notes where the labels changed the catalogue's view (memory, MIG, sharing).
+    unknown: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    gpu_notes: tuple[tuple[str, str], ...] = ()   # (GPU name, note) for the notes that explain a derived GPU
+
+    def notes_for(self, gpu: str) -> tuple[str, ...]:
+        return tuple(n for g, n in self.gpu_notes if g == gpu)
 
     @property
     def free_gpus(self) -> int:
@@ -85,7 +99,8 @@ class Fleet:
 
     def for_gpu(self, gpu: str) -> "Fleet":
         """The domains of one catalogue GPU."""
-        return Fleet(tuple(d for d in self.domains if d.gpu == gpu), self.name)
+        return Fleet(tuple(d for d in self.domains if d.gpu == gpu), self.name, self.unknown, self.notes,
+                     self.gpu_notes)
 
     def largest_free_domain(self) -> FleetDomain | None:
         return max(self.domains, key=lambda d: (d.free_gpus, d.name), default=None)
@@ -104,12 +119,14 @@ class Fleet:
         if cross_domain:
             free: dict[str, int] = defaultdict(int)
             for d in self.domains:
-                free[d.zone] += d.free_gpus
+                if d.stage_fits(stage_gpus, pp):
+                    free[d.zone] += d.free_gpus
             return sum((f // stage_gpus) // pp for f in free.values())
         g = self.gpus_per_pod(stage_gpus)
         per_stage = stage_gpus // g
-        stages = {d.name: d.pods(g) // per_stage for d in self.domains}
-        single = pp == 1 or any(d.pods(g, total=True) >= per_stage * pp for d in self.domains)
+        stages = {d.name: d.pods(g) // per_stage if d.stage_fits(stage_gpus, pp) else 0 for d in self.domains}
+        single = pp == 1 or any(d.pods(g, total=True) >= per_stage * pp for d in self.domains
+                                if d.stage_fits(stage_gpus, pp))
         if single:
             return sum(n // pp for n in stages.values())
         by_zone: dict[str, int] = defaultdict(int)
@@ -122,6 +139,9 @@ class Fleet:
         big = self.largest_free_domain()
         if big is None:
             return "the fleet has no GPUs of this product"
+        if stage_gpus * pp > 1 and not any(d.stage_fits(stage_gpus, pp) for d in self.domains):
+            return (f"a replica needs {stage_gpus * pp} GPUs working together, but these GPUs are MIG slices or "
+                    f"time-sliced replicas ({big.gpu}), never part of a multi-GPU group")
         if big.free_gpus < stage_gpus:
             return (f"a pipeline stage needs {stage_gpus} GPUs in one NVLink domain, but the largest free domain "
                     f"({big.name}) has {big.free_gpus} free GPUs")
@@ -141,25 +161,30 @@ class Fleet:
                 f"has room for {by_zone[best_zone]} such stages")
 
 
-def _gpu_name(product: str) -> str | None:
-    from meshplan.catalog.gpus import get_gpu
-
-    try:
-        return get_gpu(product).name
-    except KeyError:
-        return None
-
-
 def fleet_from_topology(topology: Any, name: str = "") -> Fleet:
-    """A `Fleet` from a `meshplan.topology.Topology` (its domains, free GPUs included)."""
+    """A `Fleet` from a `meshplan.topology.Topology` (its domains, free GPUs included). A domain's `gpu` is
+    the one `meshplan.topology` resolved from its nodes' labels (catalogue entry, memory label, MIG, sharing)."""
     nodes = topology.nodes
+    infos = [s.info for s in nodes.values()]
+    unknown = tuple(i.unknown for i in infos if i.unknown)
+    by_note: dict[str, list[str]] = defaultdict(list)
+    gpu_notes: dict[tuple[str, str], None] = {}
+    for i in infos:
+        for n in i.notes:
+            by_note[n].append(i.name)
+            if i.gpu:
+                gpu_notes[(i.gpu, n)] = None
+    notes = tuple(f"node {ns[0]}: {n}" if len(ns) == 1 else
+                  f"{len(ns)} nodes ({', '.join(ns[:3])}{', ...' if len(ns) > 3 else ''}): {n}"
+                  for n, ns in by_note.items())
     return Fleet(tuple(
-        FleetDomain(name=d.name, product=d.product, gpu=_gpu_name(d.product), gpus_per_node=d.gpus_per_node,
+        FleetDomain(name=d.name, product=d.product, gpu=d.gpu, gpus_per_node=d.gpus_per_node,
                     free_gpus=d.free_gpus, total_gpus=d.total_gpus, zone=d.zone, nvlink=d.nvlink,
                     node_free_gpus=tuple(nodes[n].free_gpus for n in d.nodes if n in nodes),
-                    node_total_gpus=tuple(nodes[n].info.gpus for n in d.nodes if n in nodes))
+                    node_total_gpus=tuple(nodes[n].info.gpus for n in d.nodes if n in nodes),
+                    max_group=1 if d.max_group_gpus == 1 and d.total_gpus > 1 else 0)
         for d in topology.domains
-    ), name)
+    ), name, unknown, notes, tuple(gpu_notes))
 
 
 def fleet_from_objects(

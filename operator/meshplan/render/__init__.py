@@ -232,12 +232,13 @@ def render_group(
             ports=cmd.ports,
             gpus=gpus_per_pod,
             serves_http=cmd.serves_http,
-            affinity=node_affinity(domain.match_labels, domain.product, node.hostname),
+            affinity=node_affinity(domain.match_labels, domain.product, node.hostname, domain.product_label),
             tolerations=pods.tolerations,
             node_selector=dict(pods.node_selector),
             gated=gated,
             compute_domain_claim_template=claim_template,
             service_account=pods.service_account,
+            gpu_resource=node.resource,
         )
         out_pods.append(pod)
     svc = headless_service(name=svc_name, namespace=ns, owner=owner_ref, labels=group_labels,

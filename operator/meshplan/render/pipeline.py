@@ -75,15 +75,10 @@ def desired_replicas(spec: Any, status: Mapping[str, Any] | None = None) -> int:
 
 def product_for_gpu(topology: Topology, gpu: str) -> tuple[str | None, int]:
     """(nvidia.com/gpu.product label, GPUs per node) of the domains whose catalogue GPU is `gpu`."""
-    from meshplan.catalog.gpus import get_gpu
-
     best: tuple[int, str] | None = None
     per_node: dict[str, int] = {}
     for d in topology.domains:
-        try:
-            name = get_gpu(d.product).name
-        except KeyError:
-            name = None
+        name = d.gpu          # resolved from the nodes' labels (meshplan.topology.gpu_view)
         if gpu and name != gpu:
             continue
         per_node[d.product] = max(per_node.get(d.product, 0), d.gpus_per_node)

@@ -85,11 +85,13 @@ def pod_name(name: str, replica: int, rank: int) -> str:
     return child_name(name, f"r{replica}-{rank}")
 
 
-def node_affinity(match_labels: Sequence[tuple[str, str]], product: str, node_hostname: str | None) -> dict:
-    """Required: the NVLink domain's labels and the planned product; preferred: the planned node."""
+def node_affinity(match_labels: Sequence[tuple[str, str]], product: str, node_hostname: str | None,
+                  product_label: str = LABEL_PRODUCT) -> dict:
+    """Required: the NVLink domain's labels and the planned product (under the label that carries it:
+    `nvidia.com/gpu.product`, or AMD's `amd.com/gpu.product-name`); preferred: the planned node."""
     exprs = [{"key": k, "operator": "In", "values": [v]} for k, v in match_labels]
-    if not any(k == LABEL_PRODUCT for k, _ in match_labels):
-        exprs.append({"key": LABEL_PRODUCT, "operator": "In", "values": [product]})
+    if product_label and not any(k == product_label for k, _ in match_labels):
+        exprs.append({"key": product_label, "operator": "In", "values": [product]})
     aff: dict[str, Any] = {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": exprs}]}}
     if node_hostname and not any(k == "kubernetes.io/hostname" for k, _ in match_labels):
@@ -127,6 +129,7 @@ def engine_pod(
     gated: bool = True,
     compute_domain_claim_template: str | None = None,
     service_account: str | None = None,
+    gpu_resource: str = GPU_RESOURCE,
 ) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "engine",
@@ -135,7 +138,7 @@ def engine_pod(
         "args": list(args),
         "env": [dict(e) for e in env],
         "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports],
-        "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
+        "resources": {"limits": {gpu_resource: str(gpus)}},   # the node's device plugin resource
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
     if serves_http:
