@@ -327,8 +327,69 @@ class Architecture(ApiModel):
     )
     total_params: int | None = Field(
         default=None, ge=1, le=100_000_000_000_000,
-        description="Total parameter count, all experts included. When given, the planner checks its own count "
-        "against it and sizes weights from it.",
+        description="Total parameter count, all experts included. When given, the planner sizes the weights at "
+        "this count (its per-component split from the dimensions) and the plan warns when it differs from the "
+        "count computed from the dimensions by more than 10% (meshplan.catalog.models.PARAMS_TOLERANCE).",
+    )
+    weight_dtype: Dtype | None = Field(
+        default=None,
+        description="Dtype the checkpoint ships its bulk weights in: the routed experts of a MoE, else the dense "
+        "layers (config.json `quantization_config`: quant_method fp8 -> fp8, mxfp4 -> fp4, compressed-tensors / "
+        "ModelOpt / AWQ / GPTQ by bits and type; without one, `torch_dtype` / `dtype`). When set, "
+        "precision.weights auto plans this dtype, or one the engine converts to online (vLLM/SGLang: fp8 from "
+        "bf16/fp16), never another. Omitted: the checkpoint's dtype is unknown and the precision rule picks freely.",
+    )
+    attention_dtype: Dtype | None = Field(
+        default=None,
+        description="Checkpoint dtype of the attention projections when it differs from weightDtype (e.g. bf16 "
+        "in Kimi-K2.5's INT4 and gpt-oss' MXFP4 checkpoints: config.json quantization_config ignore / "
+        "modules_to_not_convert lists self_attn). Default weightDtype.",
+    )
+    dense_dtype: Dtype | None = Field(
+        default=None,
+        description="Checkpoint dtype of the dense-layer FFNs (denseLayers of a MoE, or all layers of a dense "
+        "model) when it differs from weightDtype. Default weightDtype.",
+    )
+    shared_expert_dtype: Dtype | None = Field(
+        default=None,
+        description="Checkpoint dtype of the shared experts when it differs from weightDtype (bf16 in Kimi-K2.5's "
+        "INT4 checkpoint). Default weightDtype.",
+    )
+    sliding_window: int | None = Field(
+        default=None, ge=1, le=16777216,
+        description="Tokens a sliding-window layer attends to (config.json `sliding_window`; gpt-oss 128, "
+        "Gemma 3 1024). Such layers hold at most this many tokens of KV per sequence.",
+    )
+    sliding_window_layers: int | None = Field(
+        default=None, ge=0, le=1024,
+        description="How many layers use the sliding window (config.json `layer_types` entries "
+        "`sliding_attention`; gpt-oss-120b 18 of 36). Requires slidingWindow.",
+    )
+    linear_attention_layers: int | None = Field(
+        default=None, ge=0, le=1024,
+        description="Linear-attention (Gated DeltaNet) layers of a hybrid model (config.json `layer_types` entries "
+        "`linear_attention`, or layers - layers / `full_attention_interval`; Qwen3-Next-80B 36 of 48, "
+        "Qwen3.5-397B 45 of 60). They keep a fixed state per sequence and no KV cache that grows with the "
+        "context. Requires linearKeyHeads, linearValueHeads, linearKeyHeadDim and linearValueHeadDim.",
+    )
+    linear_key_heads: int | None = Field(
+        default=None, ge=1, le=1024, description="Linear attention: key heads (config.json `linear_num_key_heads`)."
+    )
+    linear_value_heads: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="Linear attention: value heads (config.json `linear_num_value_heads`).",
+    )
+    linear_key_head_dim: int | None = Field(
+        default=None, ge=1, le=4096, description="Linear attention: key head dimension (config.json `linear_key_head_dim`)."
+    )
+    linear_value_head_dim: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="Linear attention: value head dimension (config.json `linear_value_head_dim`).",
+    )
+    linear_conv_kernel: int | None = Field(
+        default=None, ge=1, le=64,
+        description="Linear attention: short convolution width (config.json `linear_conv_kernel_dim`, 4 in "
+        "Qwen3-Next); its window is part of the per-sequence state. Default 4.",
     )
 
     RULES = (
@@ -370,6 +431,31 @@ class Architecture(ApiModel):
             "spec.model.architecture.denseLayers must be smaller than layers",
             ".denseLayers",
             lambda a: a.dense_layers is None or a.dense_layers < a.layers,
+        ),
+        Rule(
+            "!has(self.slidingWindowLayers) || self.slidingWindowLayers == 0 || has(self.slidingWindow)",
+            "spec.model.architecture.slidingWindow is required when slidingWindowLayers is set",
+            ".slidingWindow",
+            lambda a: not a.sliding_window_layers or a.sliding_window is not None,
+            "FieldValueRequired",
+        ),
+        Rule(
+            "(has(self.slidingWindowLayers) ? self.slidingWindowLayers : 0) + "
+            "(has(self.linearAttentionLayers) ? self.linearAttentionLayers : 0) <= self.layers",
+            "spec.model.architecture.slidingWindowLayers + linearAttentionLayers must not exceed layers",
+            ".linearAttentionLayers",
+            lambda a: (a.sliding_window_layers or 0) + (a.linear_attention_layers or 0) <= a.layers,
+        ),
+        Rule(
+            "!has(self.linearAttentionLayers) || self.linearAttentionLayers == 0 || (has(self.linearKeyHeads) && "
+            "has(self.linearValueHeads) && has(self.linearKeyHeadDim) && has(self.linearValueHeadDim))",
+            "spec.model.architecture.linearKeyHeads, linearValueHeads, linearKeyHeadDim and linearValueHeadDim are "
+            "required when linearAttentionLayers is set (config.json linear_num_key_heads, linear_num_value_heads, "
+            "linear_key_head_dim, linear_value_head_dim)",
+            ".linearAttentionLayers",
+            lambda a: not a.linear_attention_layers or None not in (
+                a.linear_key_heads, a.linear_value_heads, a.linear_key_head_dim, a.linear_value_head_dim),
+            "FieldValueRequired",
         ),
     )
 
@@ -421,10 +507,12 @@ class ModelSpec(ApiModel):
     """Which model to serve: a catalogue name, or a name plus explicit architecture."""
 
     name: str = _str(
-        "Model name. Without `architecture` it must be a meshplan catalogue entry (e.g. llama-3.1-8b, "
-        "llama-3.1-70b, mixtral-8x7b, deepseek-r1, gpt-moe-1.8t: see meshplan.catalog.models). With "
-        "`architecture` it is a free label for this model.",
-        128, r"^[a-zA-Z0-9][a-zA-Z0-9._-]*$",
+        "Model name: a meshplan catalogue name (llama-3.1-8b, deepseek-r1, ...: see meshplan.catalog.models) or "
+        "a Hugging Face id `org/name` (meta-llama/Llama-3.1-8B-Instruct), matched to the catalogue entry of that "
+        "checkpoint case-insensitively. A name or id the catalogue does not know needs `architecture` (copy it "
+        "from the model's config.json: `meshplan architecture config.json`); it then is a free label, and an "
+        "HF id is also what the engine loads when weights.uri is unset.",
+        128, r"^[a-zA-Z0-9][a-zA-Z0-9._-]*(/[a-zA-Z0-9][a-zA-Z0-9._-]*)?$",
     )
     architecture: Architecture | None = Field(
         default=None, description="Explicit dimensions for a model the catalogue does not know (e.g. GPT-MoE-1.8T)."
