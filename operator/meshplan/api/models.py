@@ -123,11 +123,25 @@ SECRET_ENV_RE = r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|P
 # parameter. hf:// is exempt from the first: hf://name@revision names a revision.
 URI_USERINFO_RE = r"^(https?|s3|gs|az|oci|pvc|file)://[^/?#]*@"
 URI_TOKEN_QUERY_RE = (
-    r"(?i)[?&;](token|access_token|auth|authorization|api_key|apikey|key|password|secret|"
+    r"(?i)[?&;]([a-z0-9_-]*token|auth|authorization|api_key|apikey|key|password|secret|"
     r"sig|signature|x-amz-signature|x-amz-credential|x-goog-signature|x-goog-credential|sv|se)="
 )
 URI_SCHEMES = ("hf", "s3", "gs", "az", "oci", "pvc", "https", "http", "file")
 URI_SCHEME_RE = r"^(" + "|".join(URI_SCHEMES) + r")://[^\s]+$"
+# Per-scheme forms (RE2 and Python agree on these: no lookarounds).
+# hf://[org/]name[@revision]: Hugging Face repository ids are `[namespace/]repo`, letters, digits, `-_.`
+# (huggingface_hub validate_repo_id); a revision is a branch, tag or commit.
+URI_HF_RE = r"^hf://([A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9][A-Za-z0-9._/-]*)?$"
+# pvc://claim[/path]: claim is a PersistentVolumeClaim name (DNS subdomain), path inside the volume.
+URI_PVC_RE = r"^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[A-Za-z0-9._/-]*)?$"
+# s3://bucket[/key], gs://bucket[/object]: bucket names are 3-63 lower-case letters, digits, `.-`
+# (AWS S3 and Google Cloud Storage bucket naming rules).
+URI_BUCKET_RE = r"^(s3|gs)://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[^?#]*)?$"
+# file:// only under these directories: where images bake weights (/models) or a volume is mounted
+# (/mnt/models, KServe's storage-initializer convention). Anything else could read the container's
+# or node's own files.
+FILE_URI_PREFIXES = ("/models/", "/mnt/models/")
+URI_FILE_RE = r"^file://(" + "|".join(p.rstrip("/") for p in FILE_URI_PREFIXES) + r")/[A-Za-z0-9._/-]+$"
 
 DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -472,15 +486,31 @@ class Weights(ApiModel):
     """Where the weights come from. Credentials only ever come from a Secret."""
 
     uri: str | None = _str(
-        "Weights location: hf://org/name[@revision] (Hugging Face repository), s3://bucket/path, gs://, az://, oci://, pvc://claim/path, "
-        "https:// or file://. Default: the catalogue entry's Hugging Face repository. Must not contain "
-        "credentials (no user:password@, no token or signature query parameters): use credentialsSecretRef.",
+        "Weights location: hf://org/name[@revision] (Hugging Face repository), pvc://claim[/path] (a "
+        "PersistentVolumeClaim, mounted read-only at /mnt/models), s3://bucket/path or gs://bucket/path (streamed by "
+        "vLLM's Run:ai model streamer; other engines refuse), or file:///models/... or file:///mnt/models/... (a "
+        "path in the image). az://, oci:// and http(s):// are accepted by the schema but no engine meshplan "
+        "renders loads them (the plan says so). Default: the catalogue entry's Hugging Face repository, or "
+        "spec.model.name when that is an HF id. Must not contain credentials (no user:password@, no token or "
+        "signature query parameters): use credentialsSecretRef.",
         2048, URI_SCHEME_RE, default=None,
     )
     credentials_secret_ref: SecretKeyRef | None = Field(
         default=None,
-        description="Secret key holding the credential for the weights store (for hf:// a Hugging Face token, "
-        "passed to the engine as HF_TOKEN).",
+        description="Secret key holding the credential for the weights store: for hf:// a Hugging Face token "
+        "(env HF_TOKEN), for s3:// the secret access key (env AWS_SECRET_ACCESS_KEY, with accessKeyIdSecretRef), "
+        "for gs:// a service-account key JSON (mounted as a file, env GOOGLE_APPLICATION_CREDENTIALS). "
+        "Without it the pod's own identity is used (public repositories, IRSA, Workload Identity).",
+    )
+    access_key_id_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="s3:// only: Secret key holding the access key id (env AWS_ACCESS_KEY_ID). Required with "
+        "credentialsSecretRef for s3://.",
+    )
+    endpoint: str | None = _str(
+        "s3:// only: endpoint of an S3-compatible store (MinIO, Ceph, GCS interop), env AWS_ENDPOINT_URL "
+        "(read by the Run:ai streamer as its S3 endpoint). Default: AWS.",
+        512, r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\s?#@]*)?$", default=None,
     )
 
     RULES = (
@@ -500,6 +530,100 @@ class Weights(ApiModel):
             lambda w: w.uri is None or not re.search(URI_TOKEN_QUERY_RE, w.uri),
             "FieldValueForbidden",
         ),
+        Rule(
+            f"!has(self.uri) || !self.uri.startsWith('hf://') || self.uri.matches('{URI_HF_RE}')",
+            "spec.model.weights.uri: an hf:// URI must be hf://[org/]name[@revision] (a Hugging Face repository id, "
+            "letters, digits and -_. only)",
+            ".uri",
+            lambda w: w.uri is None or not w.uri.startswith("hf://") or re.search(URI_HF_RE, w.uri) is not None,
+        ),
+        Rule(
+            f"!has(self.uri) || !self.uri.startsWith('pvc://') || self.uri.matches('{URI_PVC_RE}')",
+            "spec.model.weights.uri: a pvc:// URI must be pvc://claim[/path] with claim a PersistentVolumeClaim name "
+            "in this namespace",
+            ".uri",
+            lambda w: w.uri is None or not w.uri.startswith("pvc://") or re.search(URI_PVC_RE, w.uri) is not None,
+        ),
+        Rule(
+            f"!has(self.uri) || !(self.uri.startsWith('s3://') || self.uri.startsWith('gs://')) || "
+            f"self.uri.matches('{URI_BUCKET_RE}')",
+            "spec.model.weights.uri: an s3:// or gs:// URI must be s3://bucket/path or gs://bucket/path (bucket: 3-63 "
+            "lower-case letters, digits, . and -)",
+            ".uri",
+            lambda w: w.uri is None or not w.uri.startswith(("s3://", "gs://"))
+            or re.search(URI_BUCKET_RE, w.uri) is not None,
+        ),
+        Rule(
+            f"!has(self.uri) || !self.uri.startsWith('file://') || self.uri.matches('{URI_FILE_RE}')",
+            "spec.model.weights.uri: file:// is only allowed under " + " or ".join(FILE_URI_PREFIXES)
+            + " (weights baked into the image); use pvc:// for a volume",
+            ".uri",
+            lambda w: w.uri is None or not w.uri.startswith("file://") or re.search(URI_FILE_RE, w.uri) is not None,
+            "FieldValueForbidden",
+        ),
+        Rule(
+            "!has(self.uri) || !(self.uri.contains('/../') || self.uri.endsWith('/..') || self.uri.contains('/./'))",
+            "spec.model.weights.uri must not contain . or .. path segments",
+            ".uri",
+            lambda w: w.uri is None or not ("/../" in w.uri or w.uri.endswith("/..") or "/./" in w.uri),
+        ),
+        Rule(
+            "!has(self.accessKeyIdSecretRef) || (has(self.uri) && self.uri.startsWith('s3://') && "
+            "has(self.credentialsSecretRef))",
+            "spec.model.weights.accessKeyIdSecretRef is for s3:// URIs and needs credentialsSecretRef (the secret "
+            "access key)",
+            ".accessKeyIdSecretRef",
+            lambda w: w.access_key_id_secret_ref is None or (
+                w.uri is not None and w.uri.startswith("s3://") and w.credentials_secret_ref is not None),
+        ),
+        Rule(
+            "!(has(self.uri) && self.uri.startsWith('s3://') && has(self.credentialsSecretRef)) || "
+            "has(self.accessKeyIdSecretRef)",
+            "spec.model.weights.accessKeyIdSecretRef is required with credentialsSecretRef for s3:// (the access key "
+            "id and the secret access key are two Secret keys)",
+            ".accessKeyIdSecretRef",
+            lambda w: not (w.uri is not None and w.uri.startswith("s3://") and w.credentials_secret_ref is not None)
+            or w.access_key_id_secret_ref is not None,
+            "FieldValueRequired",
+        ),
+        Rule(
+            "!has(self.endpoint) || (has(self.uri) && self.uri.startsWith('s3://'))",
+            "spec.model.weights.endpoint is only for s3:// URIs",
+            ".endpoint",
+            lambda w: w.endpoint is None or (w.uri is not None and w.uri.startswith("s3://")),
+        ),
+        Rule(
+            "!has(self.credentialsSecretRef) || !has(self.uri) || !(self.uri.startsWith('pvc://') || "
+            "self.uri.startsWith('file://'))",
+            "spec.model.weights.credentialsSecretRef has no use with pvc:// or file:// weights; remove it",
+            ".credentialsSecretRef",
+            lambda w: w.credentials_secret_ref is None or w.uri is None
+            or not w.uri.startswith(("pvc://", "file://")),
+        ),
+    )
+
+
+class ModelCache(ApiModel):
+    """A volume for the engine's Hugging Face download cache (HF_HOME), so restarts do not download again."""
+
+    claim_name: str | None = _str(
+        "PersistentVolumeClaim (read-write, this namespace) mounted as the cache: survives pod restarts and is "
+        "shared by the pods that mount it (ReadWriteMany for more than one node).",
+        253, DNS_SUBDOMAIN_RE, default=None,
+    )
+    size_limit: str | None = _str(
+        "emptyDir cache of at most this size (a Kubernetes quantity, e.g. 200Gi), used when claimName is unset: "
+        "survives container restarts, not pod deletion.",
+        32, r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|K|M|G|T|P)?$", default=None,
+    )
+
+    RULES = (
+        Rule(
+            "!(has(self.claimName) && has(self.sizeLimit))",
+            "spec.model.cache: set claimName (a PVC) or sizeLimit (an emptyDir), not both",
+            ".sizeLimit",
+            lambda c: not (c.claim_name is not None and c.size_limit is not None),
+        ),
     )
 
 
@@ -518,6 +642,10 @@ class ModelSpec(ApiModel):
         default=None, description="Explicit dimensions for a model the catalogue does not know (e.g. GPT-MoE-1.8T)."
     )
     weights: Weights | None = Field(default=None, description="Weights source and its credentials Secret.")
+    cache: ModelCache | None = Field(
+        default=None,
+        description="Optional model cache volume mounted at /cache/huggingface (HF_HOME) for hf:// downloads.",
+    )
     served_name: str | None = _str(
         "Model name clients send in OpenAI API requests (`model` field). Default: the weights repository name. "
         "Immutable once set: clients depend on it; deploy a new LLMDeployment to rename.",
@@ -1306,6 +1434,14 @@ def validate_semantics(spec: LLMDeploymentSpec) -> list[str]:
                         f"spec.gpus.products[{i}] {product!r} is not a GPU meshplan knows: use a nvidia.com/gpu.product "
                         "label value or a catalogue name (h100, h200, b200, gb200, l40s, ...)"
                     )
+    try:
+        from meshplan.render.weights import engine_refusal
+    except ImportError:
+        engine_refusal = None
+    if engine_refusal is not None and spec.model.weights is not None:
+        refusal = engine_refusal(spec.model.weights.uri, spec.engine.kind)
+        if refusal:
+            problems.append(refusal)
     if spec.engine.allow_plan_override and spec.engine.plan_owned_extra_args():
         problems.append(
             "spec.engine.extraArgs overrides flags the plan sets "
