@@ -286,6 +286,7 @@ def test_total_params_is_honoured_and_a_wrong_one_warns():
         if warned:
             assert f"{100 * (factor - 1):+.0f}%" in warned[0] and "10%" in warned[0]
             assert any(n.startswith("warning: spec.model.architecture.totalParams") for n in p.extra["notes"])
+            assert "warning: spec.model.architecture.totalParams" in p.reason  # -> status.plan.reason
     # x10 and /10 no longer plan the same
     assert weights[10.0] == pytest.approx(10 * weights[1.0], rel=1e-6)
     assert weights[0.1] == pytest.approx(0.1 * weights[1.0], rel=1e-6)

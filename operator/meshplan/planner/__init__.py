@@ -137,6 +137,8 @@ def plan(
     reason = chosen.reason
     if not candidates and rejected:
         reason = (f"every layout was rejected; e.g. {rejected[0].layout.label()}: {rejected[0].reason}")
+    if params_warning:  # also in the reason, which the operator writes to status.plan.reason
+        reason = f"{reason}; warning: {params_warning}"
     if chosen.choice is not None:
         from meshplan.planner.engines import engine_layout
 
