@@ -113,13 +113,20 @@ def test_unknown_quant_method_is_refused_with_the_field_named():
 
 
 def test_awq_and_gptq_bits_and_ignore_lists():
-    # the quantization_config MiniMax-M2.5-AWQ ships (bits 4, modules_to_not_convert self_attn and the router
-    # gate), on the MiniMax-M2.5 dimensions
+    # No full AWQ/GPTQ config.json copy was found in the stored public sources, so the quantization_config
+    # here is written after the one a MiniMax-M2.5-AWQ checkpoint is described with (quant_method awq, bits 4,
+    # group_size 128, zero_point, modules_to_not_convert self_attn, block_sparse_moe.gate, model.layers.0.),
+    # on the real MiniMax-M2.5 dimensions.
     cfg = {**raw("MiniMaxAI--MiniMax-M2.5"), "quantization_config": {
         "quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
-        "modules_to_not_convert": ["self_attn", "block_sparse_moe.gate"]}}
+        "modules_to_not_convert": ["self_attn", "block_sparse_moe.gate", "model.layers.0."]}}
     m = from_hf_config(cfg, "awq")
     assert (m.component_dtype("attention"), m.component_dtype("experts")) == ("bf16", "int4")
+    from meshplan.catalog.quant import _covers
+
+    assert _covers("model.layers.0.", "model.layers.0.block_sparse_moe.experts.0.w2")
+    assert not _covers("model.layers.0.", "model.layers.10.block_sparse_moe.experts.0.w2")
+    assert _covers("layers.0.", "model.language_model.layers.0.mlp.down_proj")
     cfg["quantization_config"] = {"quant_method": "gptq", "bits": 8}
     m = from_hf_config(cfg, "gptq")
     assert (m.component_dtype("attention"), m.component_dtype("experts")) == ("int8", "int8")

@@ -35,8 +35,9 @@ Module name matching (which component an ignore entry covers): an entry starting
 with `re:` is a regular expression matched at the start of the module name
 (compressed-tensors' rule); an entry with `*` is a glob (ModelOpt's
 `exclude_modules`) matched against the module or one above it; anything else matches whole dotted name parts (`gate`
-covers `model.layers.3.mlp.gate`, the router, but not `gate_proj`; a trailing
-dot, as in `model.layers.0.`, is a prefix). A component counts as excluded when
+covers `model.layers.3.mlp.gate`, the router, but not `gate_proj`; an entry
+with a trailing dot, as in `model.layers.0.`, covers every module under that
+dotted path). A component counts as excluded when
 the entries cover it in more than half of the layers that have it.
 
 Embeddings and the LM head are priced in the base dtype by the planner for every
@@ -82,7 +83,7 @@ def _covers(entry: str, name: str) -> bool:
         parts = name.split(".")
         return any(fnmatch.fnmatchcase(".".join(parts[:k]), entry) for k in range(1, len(parts) + 1))
     if entry.endswith("."):
-        return name.startswith(entry)
+        return ("." + name).find("." + entry) != -1   # `layers.0.` covers model.layers.0.*, not layers.10
     parts, want = name.split("."), entry.split(".")
     n = len(want)
     return any(parts[k:k + n] == want for k in range(len(parts) - n + 1))
