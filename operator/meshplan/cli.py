@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "demo": "demo",
     "plan": "plan",
     "estimate": "estimate",
+    "architecture": "architecture",
     "render": "render",
     "crd": "crd",
     "run": "run",

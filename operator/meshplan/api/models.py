@@ -123,11 +123,25 @@ SECRET_ENV_RE = r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|P
 # parameter. hf:// is exempt from the first: hf://name@revision names a revision.
 URI_USERINFO_RE = r"^(https?|s3|gs|az|oci|pvc|file)://[^/?#]*@"
 URI_TOKEN_QUERY_RE = (
-    r"(?i)[?&;](token|access_token|auth|authorization|api_key|apikey|key|password|secret|"
+    r"(?i)[?&;]([a-z0-9_-]*token|auth|authorization|api_key|apikey|key|password|secret|"
     r"sig|signature|x-amz-signature|x-amz-credential|x-goog-signature|x-goog-credential|sv|se)="
 )
 URI_SCHEMES = ("hf", "s3", "gs", "az", "oci", "pvc", "https", "http", "file")
 URI_SCHEME_RE = r"^(" + "|".join(URI_SCHEMES) + r")://[^\s]+$"
+# Per-scheme forms (RE2 and Python agree on these: no lookarounds).
+# hf://[org/]name[@revision]: Hugging Face repository ids are `[namespace/]repo`, letters, digits, `-_.`
+# (huggingface_hub validate_repo_id); a revision is a branch, tag or commit.
+URI_HF_RE = r"^hf://([A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9][A-Za-z0-9._/-]*)?$"
+# pvc://claim[/path]: claim is a PersistentVolumeClaim name (DNS subdomain), path inside the volume.
+URI_PVC_RE = r"^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[A-Za-z0-9._/-]*)?$"
+# s3://bucket[/key], gs://bucket[/object]: bucket names are 3-63 lower-case letters, digits, `.-`
+# (AWS S3 and Google Cloud Storage bucket naming rules).
+URI_BUCKET_RE = r"^(s3|gs)://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[^?#]*)?$"
+# file:// only under these directories: where images bake weights (/models) or a volume is mounted
+# (/mnt/models, KServe's storage-initializer convention). Anything else could read the container's
+# or node's own files.
+FILE_URI_PREFIXES = ("/models/", "/mnt/models/")
+URI_FILE_RE = r"^file://(" + "|".join(p.rstrip("/") for p in FILE_URI_PREFIXES) + r")/[A-Za-z0-9._/-]+$"
 
 DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Label syntax of k8s.io/apimachinery/pkg/util/validation (IsQualifiedName for keys: an optional DNS-subdomain
@@ -335,8 +349,69 @@ class Architecture(ApiModel):
     )
     total_params: int | None = Field(
         default=None, ge=1, le=100_000_000_000_000,
-        description="Total parameter count, all experts included. When given, the planner checks its own count "
-        "against it and sizes weights from it.",
+        description="Total parameter count, all experts included. When given, the planner sizes the weights at "
+        "this count (its per-component split from the dimensions) and the plan warns when it differs from the "
+        "count computed from the dimensions by more than 10% (meshplan.catalog.models.PARAMS_TOLERANCE).",
+    )
+    weight_dtype: Dtype | None = Field(
+        default=None,
+        description="Dtype the checkpoint ships its bulk weights in: the routed experts of a MoE, else the dense "
+        "layers (config.json `quantization_config`: quant_method fp8 -> fp8, mxfp4 -> fp4, compressed-tensors / "
+        "ModelOpt / AWQ / GPTQ by bits and type; without one, `torch_dtype` / `dtype`). When set, "
+        "precision.weights auto plans this dtype, or one the engine converts to online (vLLM/SGLang: fp8 from "
+        "bf16/fp16), never another. Omitted: the checkpoint's dtype is unknown and the precision rule picks freely.",
+    )
+    attention_dtype: Dtype | None = Field(
+        default=None,
+        description="Checkpoint dtype of the attention projections when it differs from weightDtype (e.g. bf16 "
+        "in Kimi-K2.5's INT4 and gpt-oss' MXFP4 checkpoints: config.json quantization_config ignore / "
+        "modules_to_not_convert lists self_attn). Default weightDtype.",
+    )
+    dense_dtype: Dtype | None = Field(
+        default=None,
+        description="Checkpoint dtype of the dense-layer FFNs (denseLayers of a MoE, or all layers of a dense "
+        "model) when it differs from weightDtype. Default weightDtype.",
+    )
+    shared_expert_dtype: Dtype | None = Field(
+        default=None,
+        description="Checkpoint dtype of the shared experts when it differs from weightDtype (bf16 in Kimi-K2.5's "
+        "INT4 checkpoint). Default weightDtype.",
+    )
+    sliding_window: int | None = Field(
+        default=None, ge=1, le=16777216,
+        description="Tokens a sliding-window layer attends to (config.json `sliding_window`; gpt-oss 128, "
+        "Gemma 3 1024). Such layers hold at most this many tokens of KV per sequence.",
+    )
+    sliding_window_layers: int | None = Field(
+        default=None, ge=0, le=1024,
+        description="How many layers use the sliding window (config.json `layer_types` entries "
+        "`sliding_attention`; gpt-oss-120b 18 of 36). Requires slidingWindow.",
+    )
+    linear_attention_layers: int | None = Field(
+        default=None, ge=0, le=1024,
+        description="Linear-attention (Gated DeltaNet) layers of a hybrid model (config.json `layer_types` entries "
+        "`linear_attention`, or layers - layers / `full_attention_interval`; Qwen3-Next-80B 36 of 48, "
+        "Qwen3.5-397B 45 of 60). They keep a fixed state per sequence and no KV cache that grows with the "
+        "context. Requires linearKeyHeads, linearValueHeads, linearKeyHeadDim and linearValueHeadDim.",
+    )
+    linear_key_heads: int | None = Field(
+        default=None, ge=1, le=1024, description="Linear attention: key heads (config.json `linear_num_key_heads`)."
+    )
+    linear_value_heads: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="Linear attention: value heads (config.json `linear_num_value_heads`).",
+    )
+    linear_key_head_dim: int | None = Field(
+        default=None, ge=1, le=4096, description="Linear attention: key head dimension (config.json `linear_key_head_dim`)."
+    )
+    linear_value_head_dim: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="Linear attention: value head dimension (config.json `linear_value_head_dim`).",
+    )
+    linear_conv_kernel: int | None = Field(
+        default=None, ge=1, le=64,
+        description="Linear attention: short convolution width (config.json `linear_conv_kernel_dim`, 4 in "
+        "Qwen3-Next); its window is part of the per-sequence state. Default 4.",
     )
 
     RULES = (
@@ -379,6 +454,31 @@ class Architecture(ApiModel):
             ".denseLayers",
             lambda a: a.dense_layers is None or a.dense_layers < a.layers,
         ),
+        Rule(
+            "!has(self.slidingWindowLayers) || self.slidingWindowLayers == 0 || has(self.slidingWindow)",
+            "spec.model.architecture.slidingWindow is required when slidingWindowLayers is set",
+            ".slidingWindow",
+            lambda a: not a.sliding_window_layers or a.sliding_window is not None,
+            "FieldValueRequired",
+        ),
+        Rule(
+            "(has(self.slidingWindowLayers) ? self.slidingWindowLayers : 0) + "
+            "(has(self.linearAttentionLayers) ? self.linearAttentionLayers : 0) <= self.layers",
+            "spec.model.architecture.slidingWindowLayers + linearAttentionLayers must not exceed layers",
+            ".linearAttentionLayers",
+            lambda a: (a.sliding_window_layers or 0) + (a.linear_attention_layers or 0) <= a.layers,
+        ),
+        Rule(
+            "!has(self.linearAttentionLayers) || self.linearAttentionLayers == 0 || (has(self.linearKeyHeads) && "
+            "has(self.linearValueHeads) && has(self.linearKeyHeadDim) && has(self.linearValueHeadDim))",
+            "spec.model.architecture.linearKeyHeads, linearValueHeads, linearKeyHeadDim and linearValueHeadDim are "
+            "required when linearAttentionLayers is set (config.json linear_num_key_heads, linear_num_value_heads, "
+            "linear_key_head_dim, linear_value_head_dim)",
+            ".linearAttentionLayers",
+            lambda a: not a.linear_attention_layers or None not in (
+                a.linear_key_heads, a.linear_value_heads, a.linear_key_head_dim, a.linear_value_head_dim),
+            "FieldValueRequired",
+        ),
     )
 
     @property
@@ -394,15 +494,31 @@ class Weights(ApiModel):
     """Where the weights come from. Credentials only ever come from a Secret."""
 
     uri: str | None = _str(
-        "Weights location: hf://org/name[@revision] (Hugging Face repository), s3://bucket/path, gs://, az://, oci://, pvc://claim/path, "
-        "https:// or file://. Default: the catalogue entry's Hugging Face repository. Must not contain "
-        "credentials (no user:password@, no token or signature query parameters): use credentialsSecretRef.",
+        "Weights location: hf://org/name[@revision] (Hugging Face repository), pvc://claim[/path] (a "
+        "PersistentVolumeClaim, mounted read-only at /mnt/models), s3://bucket/path or gs://bucket/path (streamed by "
+        "vLLM's Run:ai model streamer; other engines refuse), or file:///models/... or file:///mnt/models/... (a "
+        "path in the image). az://, oci:// and http(s):// are accepted by the schema but no engine meshplan "
+        "renders loads them (the plan says so). Default: the catalogue entry's Hugging Face repository, or "
+        "spec.model.name when that is an HF id. Must not contain credentials (no user:password@, no token or "
+        "signature query parameters): use credentialsSecretRef.",
         2048, URI_SCHEME_RE, default=None,
     )
     credentials_secret_ref: SecretKeyRef | None = Field(
         default=None,
-        description="Secret key holding the credential for the weights store (for hf:// a Hugging Face token, "
-        "passed to the engine as HF_TOKEN).",
+        description="Secret key holding the credential for the weights store: for hf:// a Hugging Face token "
+        "(env HF_TOKEN), for s3:// the secret access key (env AWS_SECRET_ACCESS_KEY, with accessKeyIdSecretRef), "
+        "for gs:// a service-account key JSON (mounted as a file, env GOOGLE_APPLICATION_CREDENTIALS). "
+        "Without it the pod's own identity is used (public repositories, IRSA, Workload Identity).",
+    )
+    access_key_id_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="s3:// only: Secret key holding the access key id (env AWS_ACCESS_KEY_ID). Required with "
+        "credentialsSecretRef for s3://.",
+    )
+    endpoint: str | None = _str(
+        "s3:// only: endpoint of an S3-compatible store (MinIO, Ceph, GCS interop), env AWS_ENDPOINT_URL "
+        "(read by the Run:ai streamer as its S3 endpoint). Default: AWS.",
+        512, r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\s?#@]*)?$", default=None,
     )
 
     RULES = (
@@ -422,6 +538,100 @@ class Weights(ApiModel):
             lambda w: w.uri is None or not re.search(URI_TOKEN_QUERY_RE, w.uri),
             "FieldValueForbidden",
         ),
+        Rule(
+            f"!has(self.uri) || !self.uri.startsWith('hf://') || self.uri.matches('{URI_HF_RE}')",
+            "spec.model.weights.uri: an hf:// URI must be hf://[org/]name[@revision] (a Hugging Face repository id, "
+            "letters, digits and -_. only)",
+            ".uri",
+            lambda w: w.uri is None or not w.uri.startswith("hf://") or re.search(URI_HF_RE, w.uri) is not None,
+        ),
+        Rule(
+            f"!has(self.uri) || !self.uri.startsWith('pvc://') || self.uri.matches('{URI_PVC_RE}')",
+            "spec.model.weights.uri: a pvc:// URI must be pvc://claim[/path] with claim a PersistentVolumeClaim name "
+            "in this namespace",
+            ".uri",
+            lambda w: w.uri is None or not w.uri.startswith("pvc://") or re.search(URI_PVC_RE, w.uri) is not None,
+        ),
+        Rule(
+            f"!has(self.uri) || !(self.uri.startsWith('s3://') || self.uri.startsWith('gs://')) || "
+            f"self.uri.matches('{URI_BUCKET_RE}')",
+            "spec.model.weights.uri: an s3:// or gs:// URI must be s3://bucket/path or gs://bucket/path (bucket: 3-63 "
+            "lower-case letters, digits, . and -)",
+            ".uri",
+            lambda w: w.uri is None or not w.uri.startswith(("s3://", "gs://"))
+            or re.search(URI_BUCKET_RE, w.uri) is not None,
+        ),
+        Rule(
+            f"!has(self.uri) || !self.uri.startsWith('file://') || self.uri.matches('{URI_FILE_RE}')",
+            "spec.model.weights.uri: file:// is only allowed under " + " or ".join(FILE_URI_PREFIXES)
+            + " (weights baked into the image); use pvc:// for a volume",
+            ".uri",
+            lambda w: w.uri is None or not w.uri.startswith("file://") or re.search(URI_FILE_RE, w.uri) is not None,
+            "FieldValueForbidden",
+        ),
+        Rule(
+            "!has(self.uri) || !(self.uri.contains('/../') || self.uri.endsWith('/..') || self.uri.contains('/./'))",
+            "spec.model.weights.uri must not contain . or .. path segments",
+            ".uri",
+            lambda w: w.uri is None or not ("/../" in w.uri or w.uri.endswith("/..") or "/./" in w.uri),
+        ),
+        Rule(
+            "!has(self.accessKeyIdSecretRef) || (has(self.uri) && self.uri.startsWith('s3://') && "
+            "has(self.credentialsSecretRef))",
+            "spec.model.weights.accessKeyIdSecretRef is for s3:// URIs and needs credentialsSecretRef (the secret "
+            "access key)",
+            ".accessKeyIdSecretRef",
+            lambda w: w.access_key_id_secret_ref is None or (
+                w.uri is not None and w.uri.startswith("s3://") and w.credentials_secret_ref is not None),
+        ),
+        Rule(
+            "!(has(self.uri) && self.uri.startsWith('s3://') && has(self.credentialsSecretRef)) || "
+            "has(self.accessKeyIdSecretRef)",
+            "spec.model.weights.accessKeyIdSecretRef is required with credentialsSecretRef for s3:// (the access key "
+            "id and the secret access key are two Secret keys)",
+            ".accessKeyIdSecretRef",
+            lambda w: not (w.uri is not None and w.uri.startswith("s3://") and w.credentials_secret_ref is not None)
+            or w.access_key_id_secret_ref is not None,
+            "FieldValueRequired",
+        ),
+        Rule(
+            "!has(self.endpoint) || (has(self.uri) && self.uri.startsWith('s3://'))",
+            "spec.model.weights.endpoint is only for s3:// URIs",
+            ".endpoint",
+            lambda w: w.endpoint is None or (w.uri is not None and w.uri.startswith("s3://")),
+        ),
+        Rule(
+            "!has(self.credentialsSecretRef) || !has(self.uri) || !(self.uri.startsWith('pvc://') || "
+            "self.uri.startsWith('file://'))",
+            "spec.model.weights.credentialsSecretRef has no use with pvc:// or file:// weights; remove it",
+            ".credentialsSecretRef",
+            lambda w: w.credentials_secret_ref is None or w.uri is None
+            or not w.uri.startswith(("pvc://", "file://")),
+        ),
+    )
+
+
+class ModelCache(ApiModel):
+    """A volume for the engine's Hugging Face download cache (HF_HOME), so restarts do not download again."""
+
+    claim_name: str | None = _str(
+        "PersistentVolumeClaim (read-write, this namespace) mounted as the cache: survives pod restarts and is "
+        "shared by the pods that mount it (ReadWriteMany for more than one node).",
+        253, DNS_SUBDOMAIN_RE, default=None,
+    )
+    size_limit: str | None = _str(
+        "emptyDir cache of at most this size (a Kubernetes quantity, e.g. 200Gi), used when claimName is unset: "
+        "survives container restarts, not pod deletion.",
+        32, r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|K|M|G|T|P)?$", default=None,
+    )
+
+    RULES = (
+        Rule(
+            "!(has(self.claimName) && has(self.sizeLimit))",
+            "spec.model.cache: set claimName (a PVC) or sizeLimit (an emptyDir), not both",
+            ".sizeLimit",
+            lambda c: not (c.claim_name is not None and c.size_limit is not None),
+        ),
     )
 
 
@@ -429,15 +639,21 @@ class ModelSpec(ApiModel):
     """Which model to serve: a catalogue name, or a name plus explicit architecture."""
 
     name: str = _str(
-        "Model name. Without `architecture` it must be a meshplan catalogue entry (e.g. llama-3.1-8b, "
-        "llama-3.1-70b, mixtral-8x7b, deepseek-r1, gpt-moe-1.8t: see meshplan.catalog.models). With "
-        "`architecture` it is a free label for this model.",
-        128, r"^[a-zA-Z0-9][a-zA-Z0-9._-]*$",
+        "Model name: a meshplan catalogue name (llama-3.1-8b, deepseek-r1, ...: see meshplan.catalog.models) or "
+        "a Hugging Face id `org/name` (meta-llama/Llama-3.1-8B-Instruct), matched to the catalogue entry of that "
+        "checkpoint case-insensitively. A name or id the catalogue does not know needs `architecture` (copy it "
+        "from the model's config.json: `meshplan architecture config.json`); it then is a free label, and an "
+        "HF id is also what the engine loads when weights.uri is unset.",
+        128, r"^[a-zA-Z0-9][a-zA-Z0-9._-]*(/[a-zA-Z0-9][a-zA-Z0-9._-]*)?$",
     )
     architecture: Architecture | None = Field(
         default=None, description="Explicit dimensions for a model the catalogue does not know (e.g. GPT-MoE-1.8T)."
     )
     weights: Weights | None = Field(default=None, description="Weights source and its credentials Secret.")
+    cache: ModelCache | None = Field(
+        default=None,
+        description="Optional model cache volume mounted at /cache/huggingface (HF_HOME) for hf:// downloads.",
+    )
     served_name: str | None = _str(
         "Model name clients send in OpenAI API requests (`model` field). Default: the weights repository name. "
         "Immutable once set: clients depend on it; deploy a new LLMDeployment to rename.",
@@ -1271,6 +1487,14 @@ def validate_semantics(spec: LLMDeploymentSpec) -> list[str]:
                         f"spec.gpus.products[{i}] {product!r} is not a GPU meshplan knows: use a nvidia.com/gpu.product "
                         "label value or a catalogue name (h100, h200, b200, gb200, l40s, ...)"
                     )
+    try:
+        from meshplan.render.weights import engine_refusal
+    except ImportError:
+        engine_refusal = None
+    if engine_refusal is not None and spec.model.weights is not None:
+        refusal = engine_refusal(spec.model.weights.uri, spec.engine.kind)
+        if refusal:
+            problems.append(refusal)
     if spec.engine.allow_plan_override and spec.engine.plan_owned_extra_args():
         problems.append(
             "spec.engine.extraArgs overrides flags the plan sets "

@@ -17,6 +17,22 @@ Conventions:
 - MLA (DeepSeek-V2/V3): queries through a `q_lora_rank` bottleneck, keys and
   values from a `kv_lora_rank` latent plus a shared `qk_rope_head_dim` key;
   the KV cache stores only latent + rope key per token and layer.
+- Hybrid attention (Qwen3-Next, Qwen3.5: `layer_types` with `linear_attention`,
+  or `full_attention_interval`): `linear_attention_layers` are Gated DeltaNet
+  layers. They keep a fixed recurrent state per sequence (value heads x key dim x
+  value dim, plus a short convolution window) and no KV cache that grows with
+  the context; only the other layers hold KV per token.
+- Checkpoint dtypes: `native_dtype` is the dtype of the bulk of the weights (the
+  routed experts of a MoE, else the dense layers); `attention_dtype`,
+  `dense_dtype`, `shared_expert_dtype` and `expert_dtype` give each component's
+  dtype when a config.json says so (`catalog.quant`), "" meaning native_dtype.
+  `checkpoint_fixed` marks a model whose dtypes come from a real checkpoint's
+  config: `precision.weights: auto` then never plans a dtype the checkpoint does
+  not ship in, except what the engine converts online (planner.memory).
+- `declared_total_params`: the total a user declared (`architecture.totalParams`).
+  Weights are sized from the dimensions scaled to it (`weight_scale`), and
+  `params_warning` says when it differs from the computed count by more than
+  `PARAMS_TOLERANCE`.
 """
 
 from __future__ import annotations
@@ -24,6 +40,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from meshplan.catalog.quant import checkpoint_dtypes
+
+# How far a declared total parameter count may differ from `param_count` before the plan warns.
+# param_count leaves out norms, biases, multi-token-prediction layers (DeepSeek-V3/R1: 11.5B of 685B
+# published = 1.7%, deepseek-ai/DeepSeek-V3 README_WEIGHTS.md) and vision towers (Kimi-K2.5's
+# MoonViT ~0.4B): real models land within a few percent, a wrong count (x10, /10) far outside.
+PARAMS_TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)
@@ -53,6 +77,20 @@ class ModelArch:
     source: str = ""
     tie_word_embeddings: bool = False
     native_dtype: str = "bf16"           # dtype of the published checkpoint's weights
+    # per-component checkpoint dtypes ("" = native_dtype), see the module doc
+    attention_dtype: str = ""
+    dense_dtype: str = ""
+    shared_expert_dtype: str = ""
+    expert_dtype: str = ""
+    checkpoint_fixed: bool = False       # dtypes read from a real checkpoint's config
+    # hybrid attention: Gated DeltaNet layers (config.json linear_num_key_heads, ...)
+    linear_attention_layers: int = 0
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    declared_total_params: float = 0.0   # architecture.totalParams, 0 = not declared
 
     def __post_init__(self) -> None:
         if self.total_params <= 0 or self.active_params <= 0:
@@ -69,6 +107,53 @@ class ModelArch:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    @property
+    def full_attention_layers(self) -> int:
+        """Layers whose KV cache grows with the context (not sliding-window, not linear attention)."""
+        return self.num_layers - self.sliding_window_layers - self.linear_attention_layers
+
+    def component_dtype(self, component: str) -> str:
+        """Checkpoint dtype of `attention`, `dense`, `shared` or `experts`."""
+        own = {"attention": self.attention_dtype, "dense": self.dense_dtype,
+               "shared": self.shared_expert_dtype, "experts": self.expert_dtype}[component]
+        return own or self.native_dtype
+
+    @property
+    def weight_scale(self) -> float:
+        """declared / computed total parameters (1 when nothing is declared)."""
+        if self.declared_total_params > 0 and self.total_params > 0:
+            return self.declared_total_params / self.total_params
+        return 1.0
+
+    def params_warning(self) -> str:
+        """A warning when the declared total differs from the computed one by more than PARAMS_TOLERANCE."""
+        r = self.weight_scale
+        if abs(r - 1.0) <= PARAMS_TOLERANCE:
+            return ""
+        return (f"spec.model.architecture.totalParams {self.declared_total_params / 1e9:,.1f}B differs from the "
+                f"{self.total_params / 1e9:,.1f}B computed from the dimensions by {100 * (r - 1):+.0f}% (tolerance "
+                f"{100 * PARAMS_TOLERANCE:.0f}%); weights are sized at the declared count: check totalParams and "
+                "the dimensions")
+
+    @property
+    def linear_attn_params_per_layer(self) -> float:
+        """Gated DeltaNet projections (Qwen3-Next modeling code): q, k (key heads x key dim), v and the
+        output gate z (value heads x value dim), a and b (one per value head), out_proj."""
+        h = self.hidden_size
+        k = self.linear_key_heads * self.linear_key_head_dim
+        v = self.linear_value_heads * self.linear_value_head_dim
+        return float(h * 2 * k + h * 2 * v + h * 2 * self.linear_value_heads + v * h)
+
+    def linear_state_elements_per_seq(self) -> float:
+        """Fixed per-sequence state of all linear-attention layers: recurrent state (value heads x key dim x
+        value dim) plus the convolution window ((kernel - 1) x (2 key + value channels))."""
+        if not self.linear_attention_layers:
+            return 0.0
+        rec = self.linear_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
+        conv_ch = 2 * self.linear_key_heads * self.linear_key_head_dim + self.linear_value_heads * self.linear_value_head_dim
+        conv = max(0, self.linear_conv_kernel - 1) * conv_ch
+        return float(self.linear_attention_layers * (rec + conv))
 
     @property
     def moe_layers(self) -> int:
@@ -113,10 +198,12 @@ class ModelArch:
         return float(self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2))
 
     def kv_elements_per_token(self) -> float:
-        """KV-cache elements per token over all layers, unsplit (TP=1)."""
+        """KV-cache elements per token over all attention layers (sliding included, linear attention not),
+        unsplit (TP=1)."""
+        layers = self.num_layers - self.linear_attention_layers
         if self.is_mla:
-            return float(self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim))
-        return float(2 * self.num_layers * self.num_kv_heads * self.head_dim)
+            return float(layers * (self.kv_lora_rank + self.qk_rope_head_dim))
+        return float(2 * layers * self.num_kv_heads * self.head_dim)
 
 
 def param_count(arch: ModelArch) -> tuple[float, float]:
@@ -125,7 +212,8 @@ def param_count(arch: ModelArch) -> tuple[float, float]:
     Norms and biases are ignored (< 0.1%); embeddings and the LM head count in
     both totals (the LM head is a GEMM every token).
     """
-    attn = arch.attn_params_per_layer * arch.num_layers
+    attn = (arch.attn_params_per_layer * (arch.num_layers - arch.linear_attention_layers)
+            + arch.linear_attn_params_per_layer * arch.linear_attention_layers)
     dense = arch.dense_ffn_params_per_layer * arch.dense_layers
     if arch.is_moe:
         router = arch.hidden_size * arch.num_experts * arch.moe_layers
@@ -243,26 +331,16 @@ def _first(cfg: dict, *keys, default=None):
     return default
 
 
-def _quant_dtype(cfg: dict) -> str:
-    q = cfg.get("quantization_config") or {}
-    method = str(q.get("quant_method", "")).lower()
-    algo = str(q.get("quant_algo", "") or (q.get("quantization") or {}).get("quant_algo", "")).lower()
-    if "mxfp4" in method or "nvfp4" in algo or "fp4" in method:
-        return "fp4"
-    if method in ("fp8", "compressed-tensors") or "fp8" in algo:
-        return "fp8"
-    if method in ("awq", "gptq") or "int4" in algo or "w4a16" in algo:
-        return "int4"
-    return "bf16"
-
-
-def from_hf_config(cfg: dict, name: str, source: str = "") -> ModelArch:
+def from_hf_config(cfg: dict, name: str, source: str = "", hf_quant: dict | None = None) -> ModelArch:
     """Build a `ModelArch` from a Hugging Face `config.json` dict.
 
     Handles dense GQA/MHA (Llama, Qwen, Mistral), MoE (Mixtral `num_local_experts`,
     Qwen-MoE `num_experts` + `moe_intermediate_size`, gpt-oss, DeepSeek
     `n_routed_experts`/`n_shared_experts`/`first_k_dense_replace`), MLA
-    (`kv_lora_rank`, ...) and sliding-window layers (`layer_types`, `sliding_window`).
+    (`kv_lora_rank`, ...), sliding-window layers (`layer_types`, `sliding_window`),
+    linear-attention layers (`layer_types` `linear_attention`, or `full_attention_interval`:
+    every interval-th layer is full attention, Qwen3-Next) and the checkpoint's dtype per
+    component (`catalog.quant`; `hf_quant` is a ModelOpt hf_quant_config.json).
     Multimodal configs are read from their `text_config`.
     """
     if isinstance(cfg.get("text_config"), dict):
@@ -299,8 +377,18 @@ def from_hf_config(cfg: dict, name: str, source: str = "") -> ModelArch:
         sw_layers = layers if max_window is None else max(0, layers - int(max_window))
         if sw_layers == 0:
             sw = 0
+    lin_layers = 0
+    if isinstance(layer_types, list) and layer_types:
+        lin_layers = sum(1 for t in layer_types if "linear" in str(t))
+    elif cfg.get("full_attention_interval") and cfg.get("linear_num_value_heads"):
+        interval = int(cfg["full_attention_interval"])
+        lin_layers = layers - layers // interval if interval > 0 else 0
     if n_exp and topk == 0:
         raise ValueError(f"config for {name!r} has {n_exp} experts but no num_experts_per_tok")
+    first_dense_eff = first_dense if n_exp else layers
+    dtypes = checkpoint_dtypes(cfg, layers=layers, moe_layers=range(first_dense_eff, layers) if n_exp else range(0),
+                               dense_layers=range(first_dense_eff), hf_quant=hf_quant)
+    native = dtypes["experts"] if n_exp else dtypes["dense"]
     return ModelArch(
         name=name,
         num_layers=layers,
@@ -324,14 +412,76 @@ def from_hf_config(cfg: dict, name: str, source: str = "") -> ModelArch:
         sliding_window_layers=sw_layers,
         source=source or f"config.json for {name}",
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        native_dtype=_quant_dtype(cfg),
+        native_dtype=native,
+        attention_dtype=dtypes["attention"],
+        dense_dtype=dtypes["dense"],
+        shared_expert_dtype=dtypes["shared"] if n_exp and shared else "",
+        expert_dtype=dtypes["experts"] if n_exp else "",
+        checkpoint_fixed=True,
+        linear_attention_layers=lin_layers,
+        linear_key_heads=int(cfg.get("linear_num_key_heads") or 0) if lin_layers else 0,
+        linear_value_heads=int(cfg.get("linear_num_value_heads") or 0) if lin_layers else 0,
+        linear_key_head_dim=int(cfg.get("linear_key_head_dim") or 0) if lin_layers else 0,
+        linear_value_head_dim=int(cfg.get("linear_value_head_dim") or 0) if lin_layers else 0,
+        linear_conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 0) if lin_layers else 0,
     )
 
 
-def load_hf_config(path: str | Path, name: str | None = None) -> ModelArch:
-    """Read a config.json file into a `ModelArch` (name defaults to the file stem)."""
+def hf_quant_config_path(path: str | Path) -> Path:
+    """Where a ModelOpt hf_quant_config.json sits beside `path` (`config.json` -> `hf_quant_config.json`,
+    `<org>--<name>_config.json` -> `<org>--<name>_hf_quant_config.json`)."""
     p = Path(path)
-    return from_hf_config(json.loads(p.read_text()), name or p.stem, source=str(p))
+    stem = p.name[: -len("config.json")] if p.name.endswith("config.json") else p.stem + "_"
+    return p.with_name(stem + "hf_quant_config.json")
 
 
-__all__ = ["ModelArch", "MODELS", "get_model", "from_hf_config", "load_hf_config", "param_count"]
+def load_hf_config(path: str | Path, name: str | None = None) -> ModelArch:
+    """Read a config.json file into a `ModelArch` (name defaults to the file stem), with the ModelOpt
+    hf_quant_config.json beside it when there is one."""
+    p = Path(path)
+    q = hf_quant_config_path(p)
+    hf_quant = json.loads(q.read_text()) if q.is_file() and q != p else None
+    return from_hf_config(json.loads(p.read_text()), name or p.stem, source=str(p), hf_quant=hf_quant)
+
+
+def architecture_manifest(m: ModelArch) -> dict:
+    """`spec.model.architecture` (camelCase, as in the CRD) describing `m`, e.g. one read from a
+    config.json: what `meshplan architecture config.json` prints. Fields left at their defaults are omitted."""
+    out: dict = {"layers": m.num_layers, "hiddenSize": m.hidden_size, "attentionHeads": m.num_attention_heads,
+                 "vocabSize": m.vocab_size}
+    if m.is_mla:
+        out.update(kvLoraRank=m.kv_lora_rank, qkRopeHeadDim=m.qk_rope_head_dim)
+        for key, v in (("qLoraRank", m.q_lora_rank), ("qkNopeHeadDim", m.qk_nope_head_dim), ("vHeadDim", m.v_head_dim)):
+            if v:
+                out[key] = v
+    else:
+        out["kvHeads"] = m.num_kv_heads
+        out["headDim"] = m.head_dim
+    if not m.is_moe or m.first_k_dense_layers:
+        out["intermediateSize"] = m.intermediate_size
+    if m.is_moe:
+        out.update(experts=m.num_experts, expertsPerToken=m.experts_per_token,
+                   moeIntermediateSize=m.moe_intermediate_size)
+        if m.num_shared_experts:
+            out["sharedExperts"] = m.num_shared_experts
+        if m.first_k_dense_layers:
+            out["denseLayers"] = m.first_k_dense_layers
+    if m.sliding_window_layers:
+        out.update(slidingWindow=m.sliding_window, slidingWindowLayers=m.sliding_window_layers)
+    if m.linear_attention_layers:
+        out.update(linearAttentionLayers=m.linear_attention_layers, linearKeyHeads=m.linear_key_heads,
+                   linearValueHeads=m.linear_value_heads, linearKeyHeadDim=m.linear_key_head_dim,
+                   linearValueHeadDim=m.linear_value_head_dim)
+        if m.linear_conv_kernel:
+            out["linearConvKernel"] = m.linear_conv_kernel
+    out["weightDtype"] = m.native_dtype
+    for key, comp, present in (("attentionDtype", "attention", True),
+                               ("denseDtype", "dense", m.dense_layers > 0),
+                               ("sharedExpertDtype", "shared", m.num_shared_experts > 0)):
+        if present and m.component_dtype(comp) != m.native_dtype:
+            out[key] = m.component_dtype(comp)
+    return out
+
+
+__all__ = ["ModelArch", "MODELS", "PARAMS_TOLERANCE", "architecture_manifest", "get_model", "from_hf_config", "load_hf_config",
+           "hf_quant_config_path", "param_count"]

@@ -118,6 +118,10 @@ def plan(
     extra: dict[str, Any] = {"per_gpu": {}}
     if fleet_notes:
         extra["notes"] = list(fleet_notes)
+    params_warning = model.params_warning() if hasattr(model, "params_warning") else ""
+    if params_warning:  # architecture.totalParams disagrees with the dimensions
+        extra["warnings"] = [params_warning]
+        extra.setdefault("notes", []).append(f"warning: {params_warning}")
     for g in specs:
         sub = fleet.for_gpu(g.name) if fleet is not None else None
         budget = max_gpus
@@ -137,6 +141,9 @@ def plan(
                                     "kv_dtype": res.kv_dtype, "shapes": len(res.shapes),
                                     "candidates": len(res.candidates), "rejected": len(res.rejected),
                                     "notes": list(res.notes)}
+        for n in res.notes:  # what the precision rule did with the checkpoint's dtype (plan output)
+            if "checkpoint" in n and f"{g.name}: {n}" not in extra.get("notes", []):
+                extra.setdefault("notes", []).append(f"{g.name}: {n}")
     chosen = choose(candidates, objective, slo, n_alternatives=n_alternatives)
     # The frontier shown is that of the candidates that meet the SLO (where the choice lies), or of all
     # candidates when nothing meets it.
@@ -156,6 +163,8 @@ def plan(
         reason += f" (GPU {chosen.choice.gpu} from the node labels: {'; '.join(fleet.notes_for(chosen.choice.gpu))})"
     if not candidates and rejected:
         reason = (f"every layout was rejected; e.g. {rejected[0].layout.label()}: {rejected[0].reason}")
+    if params_warning:  # also in the reason, which the operator writes to status.plan.reason
+        reason = f"{reason}; warning: {params_warning}"
     if chosen.choice is not None:
         from meshplan.planner.engines import engine_layout
 
@@ -224,6 +233,7 @@ def plan_to_dict(p: Plan, *, rejected: bool = True) -> dict[str, Any]:
         "alternatives": [candidate_to_dict(c) for c in p.alternatives],
         "frontier": [candidate_to_dict(c) for c in p.frontier],
         "evaluated": p.evaluated, "eligible": p.extra.get("eligible"),
+        "warnings": list(p.extra.get("warnings", [])),
         "search": p.extra.get("per_gpu"),
     }
     if rejected:
@@ -257,8 +267,33 @@ def model_from_spec(model_spec: Any) -> Any:
         "qk_rope_head_dim": arch.qk_rope_head_dim, "qk_nope_head_dim": arch.qk_nope_head_dim,
         "v_head_dim": arch.v_head_dim,
     }
-    return from_hf_config({k: v for k, v in cfg.items() if v is not None}, model_spec.name,
+    if arch.sliding_window_layers:
+        cfg["sliding_window"] = arch.sliding_window
+        cfg["layer_types"] = (["sliding_attention"] * arch.sliding_window_layers
+                              + ["full_attention"] * (arch.layers - arch.sliding_window_layers))
+    base = from_hf_config({k: v for k, v in cfg.items() if v is not None}, model_spec.name,
                           source="spec.model.architecture")
+    from dataclasses import replace
+
+    wd = arch.weight_dtype
+    return replace(
+        base,
+        linear_attention_layers=arch.linear_attention_layers or 0,
+        linear_key_heads=arch.linear_key_heads or 0,
+        linear_value_heads=arch.linear_value_heads or 0,
+        linear_key_head_dim=arch.linear_key_head_dim or 0,
+        linear_value_head_dim=arch.linear_value_head_dim or 0,
+        linear_conv_kernel=(arch.linear_conv_kernel or 4) if arch.linear_attention_layers else 0,
+        # the checkpoint's dtypes are known only when the user says them (architecture.weightDtype)
+        native_dtype=wd or "bf16",
+        expert_dtype=wd or "" if arch.experts else "",
+        attention_dtype=arch.attention_dtype or "",
+        dense_dtype=arch.dense_dtype or "",
+        shared_expert_dtype=arch.shared_expert_dtype or "",
+        checkpoint_fixed=wd is not None,
+        declared_total_params=float(arch.total_params or 0),
+        total_params=0.0, active_params=0.0,  # recomputed with the linear-attention layers
+    )
 
 
 def plan_inputs_from_spec(spec: Any) -> dict[str, Any]:

@@ -14,8 +14,12 @@ The formulas (facts and sources in ../shared/docs/planner.md, "Memory"):
   embeddings stay at FP8 / BF16 (what NVFP4 and MXFP4 checkpoints ship).
 - KV cache per token per GPU: GQA/MHA `2 * L/PP * ceil(Hkv/TP) * head_dim * B`
   (KV heads replicate once TP > Hkv); MLA `L/PP * (kv_lora_rank + rope_dim) * B`,
-  not split by TP. Sliding-window layers hold at most `window` tokens per
-  sequence and are charged per sequence, not per token.
+  not split by TP. L counts full-attention layers only. Sliding-window layers hold
+  at most `window` tokens per sequence and are charged per sequence, not per
+  token; linear-attention layers (Qwen3-Next, Qwen3.5) hold a fixed recurrent
+  state per sequence (`linear_state_bytes_per_seq`) and no per-token KV.
+- Weights of a model read from a config.json: each component at the dtype the
+  checkpoint ships it in (`component_dtypes`), scaled to a declared totalParams.
 - Activations for one engine step of `chunk_size` tokens:
   `2 * chunk * hidden * c(TP)` with c = 10/6/5/5 (dense), 22/13/10/10 (MoE) at
   TP 1/2/4/8 (AIConfigurator's heuristic).
@@ -106,30 +110,52 @@ def _embed_dtype(weight_dtype: str) -> str:
     return "bf16" if weight_dtype in ("fp4", "int4", "fp8", "int8") else weight_dtype
 
 
+def component_dtypes(model: ModelArch, weight_dtype: str) -> dict[str, str]:
+    """Dtype of each weight component (attention, dense, shared, experts, embed) when the plan runs the
+    weights at `weight_dtype`.
+
+    At the checkpoint's own dtype of a model read from a config.json (`checkpoint_fixed`), each
+    component keeps the dtype the checkpoint ships it in (Kimi-K2.5: INT4 experts, BF16 attention,
+    shared experts and dense MLP; gpt-oss: MXFP4 experts, BF16 attention). Otherwise (a catalogue
+    entry, or a dtype the engine converts to online) the rule above applies: everything at
+    `weight_dtype`, attention at 8 bits under 4-bit weights, embeddings at 16 bits when quantized.
+    """
+    if model.checkpoint_fixed and weight_dtype == model.native_dtype:
+        out = {c: model.component_dtype(c) for c in ("attention", "dense", "shared", "experts")}
+    else:
+        out = {"attention": _attn_dtype(weight_dtype), "dense": weight_dtype, "shared": weight_dtype,
+               "experts": weight_dtype}
+    out["embed"] = _embed_dtype(weight_dtype)
+    return {k: (v if v in WEIGHT_BYTES else "bf16") for k, v in out.items()}
+
+
 def weight_bytes_per_gpu(model: ModelArch, layout, weight_dtype: str) -> float:
-    """Bytes of weights on the fullest GPU of the replica."""
+    """Bytes of weights on the fullest GPU of the replica (scaled to a declared totalParams:
+    `ModelArch.weight_scale`)."""
     m = as_mapping(layout)
-    wb = WEIGHT_BYTES[weight_dtype]
-    ab = WEIGHT_BYTES[_attn_dtype(weight_dtype)]
-    eb = WEIGHT_BYTES[_embed_dtype(weight_dtype)]
+    if weight_dtype not in WEIGHT_BYTES:
+        raise ValueError(f"weight_dtype must be one of {sorted(WEIGHT_BYTES)}, got {weight_dtype!r}")
+    cd = component_dtypes(model, weight_dtype)
+    ab, eb = WEIGHT_BYTES[cd["attention"]], WEIGHT_BYTES[cd["embed"]]
     L = model.num_layers
-    per_layer_attn = model.attn_params_per_layer * ab / m.attn_tp
+    attn_params = (model.attn_params_per_layer * (L - model.linear_attention_layers)
+                   + model.linear_attn_params_per_layer * model.linear_attention_layers)
     # dense FFN layers and the vocabulary tables are tensor-parallel over the whole stage
     # (with attention DP, engines gather the tokens for them: SGLang, TensorRT-LLM)
     stage = m.gpus_per_stage
-    dense = model.dense_ffn_params_per_layer * model.dense_layers * wb / stage
+    dense = model.dense_ffn_params_per_layer * model.dense_layers * WEIGHT_BYTES[cd["dense"]] / stage
     experts = 0.0
     if model.is_moe:
         experts = model.moe_layers * (
-            model.expert_params * model.num_experts * wb / (m.moe_ep * m.moe_tp)
-            + model.shared_expert_params_per_layer * wb / m.attn_tp
+            model.expert_params * model.num_experts * WEIGHT_BYTES[cd["experts"]] / (m.moe_ep * m.moe_tp)
+            + model.shared_expert_params_per_layer * WEIGHT_BYTES[cd["shared"]] / m.attn_tp
             + model.hidden_size * model.num_experts * 2.0  # router, bf16, replicated
         )
-    body = (per_layer_attn * L + dense + experts) / m.pp
+    body = (attn_params * ab / m.attn_tp + dense + experts) / m.pp
     one_table = model.vocab_size * model.hidden_size * eb / stage
     n_tables = 1 if model.tie_word_embeddings else 2
     emb = one_table * (n_tables if m.pp == 1 else 1)
-    return body + emb
+    return (body + emb) * model.weight_scale
 
 
 def kv_bytes_per_token(model: ModelArch, layout, kv_dtype: str, *, include_sliding: bool = False) -> float:
@@ -137,7 +163,7 @@ def kv_bytes_per_token(model: ModelArch, layout, kv_dtype: str, *, include_slidi
     unless `include_sliding`)."""
     m = as_mapping(layout)
     b = KV_BYTES[kv_dtype]
-    layers = model.num_layers if include_sliding else model.num_layers - model.sliding_window_layers
+    layers = model.full_attention_layers + (model.sliding_window_layers if include_sliding else 0)
     layers_per_gpu = math.ceil(layers / m.pp) if layers else 0
     if model.is_mla:
         return layers_per_gpu * (model.kv_lora_rank + model.qk_rope_head_dim) * b
@@ -153,6 +179,21 @@ def sliding_bytes_per_seq(model: ModelArch, layout, kv_dtype: str) -> float:
     heads = math.ceil(model.num_kv_heads / m.attn_tp)
     layers = math.ceil(model.sliding_window_layers / m.pp)
     return 2.0 * layers * heads * model.head_dim * KV_BYTES[kv_dtype] * model.sliding_window
+
+
+# Linear-attention (Gated DeltaNet) state is kept in the model dtype: vLLM `--mamba-ssm-cache-dtype auto`
+# (docs.vllm.ai engine args: "auto" = the model's dtype); we charge 2 bytes per element.
+LINEAR_STATE_BYTES = 2.0
+
+
+def linear_state_bytes_per_seq(model: ModelArch, layout) -> float:
+    """Fixed state bytes per sequence per GPU of the linear-attention layers (heads split by TP)."""
+    if not model.linear_attention_layers:
+        return 0.0
+    m = as_mapping(layout)
+    per_layer = model.linear_state_elements_per_seq() / model.linear_attention_layers
+    layers = math.ceil(model.linear_attention_layers / m.pp)
+    return layers * per_layer * LINEAR_STATE_BYTES / m.attn_tp
 
 
 def activation_bytes(model: ModelArch, layout, chunk_size: int) -> float:
@@ -202,7 +243,7 @@ def _memory_fit(model, gpu, m: ReplicaMapping, weight_dtype, kv_dtype, context_t
     act = activation_bytes(model, m, chunk_size)
     runtime = runtime_bytes(m)
     kv_tok = kv_bytes_per_token(model, m, kv_dtype)
-    sw_seq = sliding_bytes_per_seq(model, m, kv_dtype)
+    sw_seq = sliding_bytes_per_seq(model, m, kv_dtype) + linear_state_bytes_per_seq(model, m)
     fixed = weights + act + runtime
     if engine == "trtllm":
         # What weights, activations and runtime may take: all memory but the headroom (the engine's
@@ -250,6 +291,7 @@ def choose_precision(
     gpus: int | None = None,
     accuracy_floor: str = "fp4",
     weights_share: float = 0.6,
+    engine: str | None = None,
 ) -> tuple[str, str]:
     """(weight_dtype, kv_dtype) for `quantization: auto`.
 
@@ -264,11 +306,25 @@ def choose_precision(
     weight-only on GPUs without FP4 tensor cores). If nothing fits, the smallest allowed dtype is
     returned and the memory fit will say why. KV cache is fp8 whenever the GPU
     has FP8 tensor cores and the floor allows, else bf16.
+
+    A model read from a real checkpoint's config.json (`checkpoint_fixed`) is only
+    planned at a dtype the checkpoint ships in, or one `engine` converts to online
+    (`online_conversions`): DeepSeek-R1 FP8 stays FP8 on GB200 (no FP4 without an
+    FP4 checkpoint), Kimi-K2.5 stays INT4.
     """
     if accuracy_floor not in PRECISION_RANK:
         raise ValueError(f"accuracy_floor must be one of {sorted(PRECISION_RANK)}, got {accuracy_floor!r}")
     n = gpus or gpu.nvlink_domain
     floor = PRECISION_RANK[accuracy_floor]
+    kv = "fp8" if gpu.supports("fp8") and floor >= PRECISION_RANK["fp8"] else "bf16"
+    if model.checkpoint_fixed:
+        native = model.native_dtype if model.native_dtype in WEIGHT_BYTES else "bf16"
+        options = [native] + [d for d in online_conversions(native, engine, gpu) if PRECISION_RANK[d] <= floor]
+        budget = weights_share * gpu.memory_bytes * n
+        for d in options:
+            if weight_bytes_per_gpu(model, ReplicaMapping(), d) <= budget:
+                return d, kv
+        return options[-1], kv
     native = model.native_dtype if model.native_dtype in PRECISION_ORDER else "bf16"
     start = PRECISION_RANK[native]
     allowed = [d for d in PRECISION_ORDER if start <= PRECISION_RANK[d] <= floor
@@ -283,5 +339,18 @@ def choose_precision(
         if weight_bytes_per_gpu(model, ReplicaMapping(), d) <= budget:
             choice = d
             break
-    kv = "fp8" if gpu.supports("fp8") and floor >= PRECISION_RANK["fp8"] else "bf16"
     return choice, kv
+
+
+def online_conversions(checkpoint_dtype: str, engine: str | None, gpu: GpuSpec) -> tuple[str, ...]:
+    """Weight dtypes `engine` produces from a `checkpoint_dtype` checkpoint while loading it.
+
+    vLLM and SGLang quantize a 16-bit checkpoint to FP8 online (`--quantization fp8`, dynamic
+    per-tensor scales: docs.vllm.ai features/quantization/fp8 "online dynamic quantization";
+    SGLang docs advanced_features/quantization "online quantization" `--quantization fp8`), on GPUs with
+    FP8 support. Neither converts to INT4/FP4 online, and TensorRT-LLM reads its quantization from
+    the checkpoint (ModelOpt, offline). No engine converts between two quantized formats.
+    """
+    if checkpoint_dtype in ("bf16", "fp16") and engine in ("vllm", "sglang") and gpu.supports("fp8"):
+        return ("fp8",)
+    return ()

@@ -217,9 +217,12 @@ def _allreduce_bw(gpu: GpuSpec, group: int) -> float:
 
 @lru_cache(maxsize=8192)
 def _stage(model: ModelArch, gpu: GpuSpec, m: ReplicaMapping, weight_dtype: str, kv_dtype: str) -> _Stage:
-    wb = mem.WEIGHT_BYTES[weight_dtype]
-    ab = mem.WEIGHT_BYTES[mem._attn_dtype(weight_dtype)]
-    eb = mem.WEIGHT_BYTES[mem._embed_dtype(weight_dtype)]
+    cd = mem.component_dtypes(model, weight_dtype)   # per component (checkpoint dtypes, config.json)
+    wb = mem.WEIGHT_BYTES[cd["dense"]]
+    ab = mem.WEIGHT_BYTES[cd["attention"]]
+    eb = mem.WEIGHT_BYTES[cd["embed"]]
+    sb = mem.WEIGHT_BYTES[cd["shared"]]
+    xb = mem.WEIGHT_BYTES[cd["experts"]]
     kvb = mem.KV_BYTES[kv_dtype]
     pp = m.pp
     L = model.num_layers
@@ -243,16 +246,16 @@ def _stage(model: ModelArch, gpu: GpuSpec, m: ReplicaMapping, weight_dtype: str,
         n_layers=L / pp,
         n_moe=model.moe_layers / pp,
         n_dense_ffn=model.dense_layers / pp,
-        n_full_attn=(L - model.sliding_window_layers) / pp,
+        n_full_attn=model.full_attention_layers / pp,
         n_sw_attn=model.sliding_window_layers / pp,
         window=model.sliding_window,
         attn_w_bytes=attn_p * ab / tp,
         attn_flops_tok=2.0 * attn_p / tp,
         dense_w_bytes=model.dense_ffn_params_per_layer * wb / tp,
         dense_flops_tok=2.0 * model.dense_ffn_params_per_layer / tp,
-        shared_w_bytes=model.shared_expert_params_per_layer * wb / tp,
+        shared_w_bytes=model.shared_expert_params_per_layer * sb / tp,
         shared_flops_tok=2.0 * model.shared_expert_params_per_layer / tp,
-        expert_w_bytes=model.expert_params * wb / m.moe_tp,
+        expert_w_bytes=model.expert_params * xb / m.moe_tp,
         experts_per_rank=experts_per_rank,
         kv_bytes_tok_layer=kv_tok_layer,
         attn_core_flops_ctx=core,

@@ -294,10 +294,15 @@ def search(
     if wd == "auto" or kd == "auto":
         # Decided per GPU product at one NVLink domain's memory (the rule's default), NOT from the budget:
         # a dtype that changed with the budget could make more GPUs plan slower.
-        auto_w, auto_k = precision_fn(model, gpu, accuracy_floor=space.accuracy_floor)
+        auto_w, auto_k = precision_fn(model, gpu, accuracy_floor=space.accuracy_floor, engine=engine)
         if wd == "auto":
             wd = auto_w
             notes.append(f"weights {wd} chosen by the precision rule (accuracy floor {space.accuracy_floor})")
+            if getattr(model, "checkpoint_fixed", False):
+                native = model.native_dtype
+                notes.append(f"the checkpoint ships {native} weights: planned as shipped" if wd == native else
+                             f"the checkpoint ships {native} weights: {engine} converts them to {wd} online "
+                             f"while loading (--quantization {wd})")
         if kd == "auto":
             kd = auto_k
     context = workload.context

@@ -91,6 +91,10 @@ class PodOptions:
     tolerations: tuple[Mapping[str, Any], ...] = DEFAULT_TOLERATIONS
     weights_secret: tuple[str, str] | None = None        # (Secret name, key) -> HF_TOKEN
     service_account: str | None = None
+    # weights source (render.weights): credential variables, volumes and mounts
+    weights_env: tuple[Mapping[str, Any], ...] = ()
+    volumes: tuple[Mapping[str, Any], ...] = ()
+    volume_mounts: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,13 +128,20 @@ class Rendered:
 def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOptions, pods: PodOptions,
               gpus_per_pod: int, pods_per_replica: int) -> str:
     """10 hex chars over everything that shapes the pods except their nodes."""
+    # fields added after v1alpha1 shipped enter the hash only when set, so an operator upgrade does not
+    # change the hash (and roll) of groups that do not use them
+    added = {"load_format": None, "weights_refusal": "", "weights_env": (), "volumes": (), "volume_mounts": ()}
+
+    def _asdict(obj: Any) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(obj).items() if not (k in added and v == added[k])}
+
     doc = {
         "layout": dataclasses.asdict(candidate.layout),
         "weight_dtype": candidate.weight_dtype, "kv_dtype": candidate.kv_dtype,
         "chunk_size": candidate.chunk_size, "max_num_seqs": candidate.max_num_seqs,
-        "serving": dataclasses.asdict(serving),
+        "serving": _asdict(serving),
         "network": dataclasses.asdict(network),
-        "pods": dataclasses.asdict(pods),
+        "pods": _asdict(pods),
         "gpus_per_pod": gpus_per_pod, "pods_per_replica": pods_per_replica,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:10]
@@ -191,7 +202,7 @@ def render_group(
     if pods.weights_secret:
         secret_env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": pods.weights_secret[0], "key": pods.weights_secret[1]}}})
-    shared_env = _merge_env(nccl.env, secret_env, pods.env)
+    shared_env = _merge_env(nccl.env, secret_env, pods.weights_env, pods.env)
     env_names = tuple(e["name"] for e in shared_env)
 
     image = pods.image or DEFAULT_IMAGES[serving.engine]
@@ -239,6 +250,8 @@ def render_group(
             compute_domain_claim_template=claim_template,
             service_account=pods.service_account,
             gpu_resource=node.resource,
+            volumes=pods.volumes,
+            volume_mounts=pods.volume_mounts,
         )
         out_pods.append(pod)
     svc = headless_service(name=svc_name, namespace=ns, owner=owner_ref, labels=group_labels,

@@ -130,6 +130,8 @@ class ServingOptions:
     model: str = ""                         # what the engine loads: HF repo id or a path
     served_name: str | None = None
     revision: str | None = None
+    load_format: str | None = None          # vLLM --load-format (runai_streamer for s3:// / gs://)
+    weights_refusal: str = ""               # why this engine cannot open the weights (render.weights)
     checkpoint_dtype: str = "bf16"          # dtype of the checkpoint's weights
     prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
@@ -283,6 +285,8 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
     for note in el.notes:
         explain.append(Explanation("layout", layout.label(), note, src, "warning"))
 
+    if serving.weights_refusal:
+        raise RenderError(serving.weights_refusal)
     flags: dict[str, Any] = {}
     ports: list[tuple[str, int]] = []
     serves_http = role.leader
@@ -298,6 +302,12 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
             flags["--served-model-name"] = serving.served_name
         if serving.revision:
             flags["--revision"] = serving.revision
+        if serving.load_format:
+            # Run:ai model streamer: vllm serve s3://bucket/path --load-format runai_streamer (also gs://)
+            flags["--load-format"] = serving.load_format
+            explain.append(Explanation("--load-format", serving.load_format, f"stream the weights from "
+                                       f"{serving.model.split('://', 1)[0]}:// with the Run:ai model streamer",
+                                       "docs.vllm.ai models/extensions/runai_model_streamer"))
         flags.update(el.flags)
         flags.update(_weight_flags(engine, candidate.weight_dtype, serving.checkpoint_dtype, explain))
         if serving.max_model_len:

@@ -4,14 +4,12 @@ Pure and small: the controller and `meshplan render` both call
 `options_from_spec`, so the mapping from spec fields to engine/pod/NCCL settings
 exists once.
 
-Weights: `spec.model.weights.uri`
-- `hf://org/name[@revision]` -> the engine loads `org/name` (with `--revision`);
-- `file:///path` -> the engine loads `/path` (a volume the image or the node provides);
-- other schemes (s3://, gs://, ...) are passed as given (vLLM streams s3:// and
-  gs:// with its Run:ai model streamer; other engines need a local copy).
-- unset -> the catalogue entry's Hugging Face repository (from its `source`),
-  else the model name.
-The credential Secret becomes `HF_TOKEN` (valueFrom.secretKeyRef), never inline.
+Weights: `spec.model.weights.uri` -> `render.weights.weights_source` (what the
+engine loads, volumes, mounts, credential variables from Secrets, vLLM's
+`--load-format runai_streamer` for s3:// and gs://, the model-cache volume);
+unset -> the catalogue entry's Hugging Face repository (from its `source`),
+else the model name (an HF id). An engine that cannot open the scheme is
+refused at render time with the reason (and by `validate_semantics`).
 """
 
 from __future__ import annotations
@@ -21,31 +19,32 @@ from typing import Any
 
 from meshplan.render import NetworkOptions, PodOptions
 from meshplan.render.engine_args import ServingOptions
+from meshplan.render.weights import weights_source
 
 _HF_SOURCE = re.compile(r"huggingface\.co/([^/]+/[^/]+)")
 
 
-def weights_location(model_spec: Any, catalogue_source: str = "") -> tuple[str, str | None]:
+def weights_location(model_spec: Any, catalogue_source: str = "", engine: str = "vllm") -> tuple[str, str | None]:
     """(what the engine loads, revision or None) for `spec.model`."""
-    uri = getattr(getattr(model_spec, "weights", None), "uri", None)
-    if uri:
-        if uri.startswith("hf://"):
-            repo = uri[len("hf://"):]
-            if "@" in repo:
-                repo, rev = repo.split("@", 1)
-                return repo, rev
-            return repo, None
-        if uri.startswith("file://"):
-            return uri[len("file://"):], None
-        return uri, None
+    src = weights_source(model_spec, engine, _catalogue_repo(catalogue_source))
+    return src.model, src.revision
+
+
+def _catalogue_repo(catalogue_source: str) -> str | None:
     m = _HF_SOURCE.search(catalogue_source or "")
-    if m:
-        return m.group(1), None
-    return model_spec.name, None
+    return m.group(1) if m else None
 
 
 def _env_dicts(env: Any) -> tuple[dict[str, Any], ...]:
     return tuple(e.model_dump(by_alias=True, exclude_none=True, mode="json") for e in env or ())
+
+
+def _checkpoint_dtype(spec: Any, model_arch: Any) -> str:
+    """The checkpoint's dtype: the ModelArch's, else spec.model.architecture.weightDtype, else bf16."""
+    if model_arch is not None:
+        return getattr(model_arch, "native_dtype", "bf16") or "bf16"
+    arch = spec.model.architecture
+    return (getattr(arch, "weight_dtype", None) if arch is not None else None) or "bf16"
 
 
 def options_from_spec(spec: Any, model_arch: Any = None) -> tuple[ServingOptions, NetworkOptions, PodOptions]:
@@ -59,14 +58,16 @@ def options_from_spec(spec: Any, model_arch: Any = None) -> tuple[ServingOptions
             source = model_arch.source
         except (ImportError, KeyError):
             model_arch = None
-    model, revision = weights_location(spec.model, source)
     engine = spec.engine
+    wsrc = weights_source(spec.model, engine.kind, _catalogue_repo(source))
     serving = ServingOptions(
         engine=engine.kind,
-        model=model,
+        model=wsrc.model,
         served_name=spec.model.served_name,
-        revision=revision,
-        checkpoint_dtype=getattr(model_arch, "native_dtype", "bf16") or "bf16",
+        revision=wsrc.revision,
+        load_format=wsrc.load_format,
+        weights_refusal=wsrc.refusal,
+        checkpoint_dtype=_checkpoint_dtype(spec, model_arch),
         prefix_caching=engine.prefix_caching,
         scheduling_policy=engine.scheduling_policy,
         expert_load_balancing=engine.expert_load_balancing,
@@ -83,13 +84,17 @@ def options_from_spec(spec: Any, model_arch: Any = None) -> tuple[ServingOptions
     )
     weights = spec.model.weights
     secret = None
-    if weights is not None and weights.credentials_secret_ref is not None:
+    if weights is not None and weights.credentials_secret_ref is not None and any(
+            e["name"] == "HF_TOKEN" for e in wsrc.env):
         secret = (weights.credentials_secret_ref.name, weights.credentials_secret_ref.key)
     pods = PodOptions(
         image=engine.image,
         env=_env_dicts(engine.env),
         node_selector=tuple(sorted((spec.gpus.node_selector or {}).items())),
         weights_secret=secret,
+        weights_env=tuple(e for e in wsrc.env if e["name"] != "HF_TOKEN"),  # HF_TOKEN: weights_secret
+        volumes=wsrc.volumes,
+        volume_mounts=wsrc.mounts,
     )
     return serving, network, pods
 

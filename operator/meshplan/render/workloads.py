@@ -130,6 +130,8 @@ def engine_pod(
     compute_domain_claim_template: str | None = None,
     service_account: str | None = None,
     gpu_resource: str = GPU_RESOURCE,
+    volumes: Sequence[Mapping[str, Any]] = (),
+    volume_mounts: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "engine",
@@ -139,7 +141,7 @@ def engine_pod(
         "env": [dict(e) for e in env],
         "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports],
         "resources": {"limits": {gpu_resource: str(gpus)}},   # the node's device plugin resource
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *(dict(m) for m in volume_mounts)],
     }
     if serves_http:
         container["startupProbe"] = _probe("http", STARTUP_PERIOD_S, STARTUP_FAILURES)
@@ -157,7 +159,7 @@ def engine_pod(
         # NCCL and the engines' worker processes exchange tensors through /dev/shm;
         # the container runtime's default is 64 MiB. Memory-backed, counted against
         # the pod's memory.
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, *(dict(v) for v in volumes)],
     }
     if node_selector:
         spec["nodeSelector"] = dict(node_selector)
