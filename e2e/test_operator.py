@@ -164,6 +164,10 @@ def test_example_becomes_available_on_one_nvlink_domain_per_replica(cluster, ns,
     assert st["readyReplicas"] >= st["desiredReplicas"] >= 1
     assert st["selector"] == f"meshplan.dev/deployment={name},meshplan.dev/role=leader"
     plan = st["plan"]
+    # the explanation describes what runs (desiredReplicas), the search's own DP is in searchReason
+    assert plan["reason"].startswith(f"running {plan['layout']} x {st['desiredReplicas']} replica(s) = "
+                                     f"{st['desiredReplicas'] * plan['gpusPerReplica']} GPU"), plan["reason"]
+    assert plan["searchReason"].startswith(f"{m['spec'].get('objective', 'balanced')}: ")
     nodes = _nodes(cluster)
     pods = _pods(cluster, ns)
     assert pods and all(p["spec"].get("nodeName") for p in pods)

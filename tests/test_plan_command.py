@@ -198,6 +198,13 @@ def test_node_selectors_as_nodes_carry_them_are_accepted():
     assert spec_of(gpus={"nodeSelector": ok}).gpus.node_selector == ok
 
 
+def test_cli_plan_says_how_many_replicas_the_operator_runs(capsys):
+    assert main(["plan", str(ROOT / "examples" / "llama-3.1-70b-hgx-h100.yaml"), "--fleet", "hgx-h100"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("  deployed: "))
+    assert "the operator runs 2 replica(s)" in line and "spec.replicas 2, where autoscaling starts" in line
+
+
 def test_cli_unreadable_kubeconfig_is_a_clear_error(tmp_path, capsys):
     f = tmp_path / "llmd.yaml"
     f.write_text(yaml.safe_dump(manifest()))

@@ -171,7 +171,15 @@ def run(args: argparse.Namespace) -> int:
 
         print(yaml.safe_dump(plan_to_dict(result, rejected=args.show_rejected), sort_keys=False))
     else:
-        print(format_table(result, show_rejected=args.show_rejected, fleet=fleet))
+        deployed = None
+        if result.choice is not None:
+            from meshplan.render.pipeline import replicas_and_why
+
+            n, why = replicas_and_why(llmd.spec)
+            if n != result.choice.layout.dp:
+                deployed = (f"the operator runs {n} replica(s) of {result.choice.layout.label()} ({why}), not the "
+                            f"DP{result.choice.layout.dp} the search sized for spec.workload")
+        print(format_table(result, show_rejected=args.show_rejected, fleet=fleet, deployed=deployed))
     if args.plot:
         plot_plan(result, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
@@ -189,7 +197,7 @@ def _row(c: Any, mark: str) -> str:
             f"{p.tokens_per_s_per_user:>9,.1f} {p.ttft_ms:>10,.0f} {p.tpot_ms:>8,.1f}")
 
 
-def format_table(result: Any, *, show_rejected: bool = False, fleet: Any = None) -> str:
+def format_table(result: Any, *, show_rejected: bool = False, fleet: Any = None, deployed: str | None = None) -> str:
     head = (f"  {'layout':<16} {'dp':<6} {'gpu':<10} {'gpus':>5} {'chunk':>6} {'seqs':>5} {'dtypes':<9} "
             f"{'tok/s/GPU':>10} {'tok/s/usr':>9} {'TTFT ms':>10} {'ITL ms':>8}")
     lines = [f"model {result.model} on {result.gpu} — objective {result.objective}"
@@ -209,6 +217,8 @@ def format_table(result: Any, *, show_rejected: bool = False, fleet: Any = None)
     for c in front:
         lines.append(_row(c, "*" if c == result.choice else ""))
     lines += ["", "Choice:" if result.choice is not None else "No choice:", f"  {result.reason}"]
+    if deployed:
+        lines.append(f"  deployed: {deployed}")
     if result.choice is not None and result.extra.get("engine_args"):
         lines.append(f"  engine flags: {' '.join(result.extra['engine_args'])}")
         if result.extra.get("engine_config"):
