@@ -103,7 +103,7 @@ def plan(
             unknown = list(fleet.unknown)
             told = "; ".join(unknown[:3]) + (f" (and {len(unknown) - 3} more nodes)" if len(unknown) > 3 else "")
             if unknown and not fleet.gpus():
-                reason = f"no GPU of the fleet {fleet.name or ''} is in the GPU catalogue: {told}"
+                reason = f"no GPU of the fleet{' ' + fleet.name if fleet.name else ''} is in the GPU catalogue: {told}"
             else:
                 reason = (f"the fleet {fleet.name or ''} has no free GPUs of "
                           f"{', '.join(str(getattr(g, 'name', g)) for g in gpu_list)} "
