@@ -61,7 +61,7 @@ PRODUCTS = [
     ("NVIDIA-H100-PCIe", "h100_pcie", False), ("NVIDIA-H100-NVL", "h100_nvl", False),
     ("NVIDIA-H200", "h200_sxm", True), ("NVIDIA-H200-NVL", "h200_nvl", False),
     ("NVIDIA-GH200-480GB", "gh200_96gb", False), ("NVIDIA-B200", "b200_sxm", True),
-    ("NVIDIA-B300-SXM6-AC", "b300_sxm", True), ("NVIDIA-GB200", "gb200", True), ("NVIDIA-GB300", "gb300", True),
+    ("NVIDIA-B300-SXM6-AC", "b300_sxm", True), ("NVIDIA-B300-SXM6-AC-269GB", "b300_sxm", True), ("NVIDIA-GB200", "gb200", True), ("NVIDIA-GB300", "gb300", True),
     ("NVIDIA-L4", "l4", False), ("NVIDIA-L40", "l40", False), ("NVIDIA-L40S", "l40s", False),
     ("NVIDIA-A10", "a10", False), ("NVIDIA-A10G", "a10", False), ("Tesla-T4", "t4", False),
     ("NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition", "rtx_pro_6000", False),

@@ -1485,7 +1485,8 @@ def validate_semantics(spec: LLMDeploymentSpec) -> list[str]:
                 if not ok:
                     problems.append(
                         f"spec.gpus.products[{i}] {product!r} is not a GPU meshplan knows: use a nvidia.com/gpu.product "
-                        "label value or a catalogue name (h100, h200, b200, gb200, l40s, ...)"
+                        "label value or a catalogue name (h100, h200, b200, gb200, l40s, ...), or declare the GPU "
+                        "(chart value gpuCatalog, `meshplan plan --gpu-catalog FILE`)"
                     )
     try:
         from meshplan.render.weights import engine_refusal

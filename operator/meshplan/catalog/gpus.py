@@ -151,7 +151,7 @@ GPUS: dict[str, GpuSpec] = {
             tflops={"bf16": 2250, "fp16": 2250, "fp8": 4500, "fp4": 13500},
             nvlink_gb_s=1800, nvlink_domain=8, gpus_per_node=8, nic_gb_s=100,
             family="blackwell_ultra",
-            product_labels=("NVIDIA-B300-SXM6-AC", "NVIDIA-B300"),
+            product_labels=("NVIDIA-B300-SXM6-AC", "NVIDIA-B300-SXM6-AC-269GB", "NVIDIA-B300-SXM6-PC", "NVIDIA-B300"),
             aliases=("b300", "b300-sxm", "hgx-b300"),
             source="NVIDIA HGX B300 datasheet (per GPU: 288 GB HBM3e, ~8 TB/s, 108 PF dense FP4 / 8, "
                    "BF16/FP8 as B200; INT8 tensor throughput cut on Blackwell Ultra); "
