@@ -233,6 +233,9 @@ def _hf(repo: str) -> str:
 
 
 def _m(**kw) -> ModelArch:
+    # A catalogue entry with a published checkpoint (a Hugging Face source) ships in native_dtype: the
+    # precision rule keeps it (or what the engine converts to online), as for a config.json.
+    kw.setdefault("checkpoint_fixed", "huggingface.co/" in kw.get("source", ""))
     return ModelArch(**kw)
 
 
