@@ -137,15 +137,20 @@ def test_choose_precision_rule():
     # native checkpoints are never up-cast
     assert choose_precision(get_model("gpt-oss-120b"), H100)[0] == "fp4"
     assert choose_precision(get_model("deepseek-v3"), H100, gpus=16)[0] == "fp8"
-    # one 8-GPU H100 node cannot hold DeepSeek in FP8 (671 GB); no FP4 cores -> int4 weight-only
-    assert choose_precision(get_model("deepseek-v3"), H100)[0] == "int4"
-    assert choose_precision(get_model("deepseek-v3"), B200)[0] == "fp8"
+    # one 8-GPU H100 node cannot hold DeepSeek in FP8 (671 GB), but its checkpoint ships FP8 and no engine
+    # makes INT4 from it online: it stays FP8 (the memory fit then asks for more GPUs), never a dtype the
+    # published checkpoint does not ship in (issue 16)
+    assert choose_precision(get_model("deepseek-v3"), H100)[0] == "fp8"
+    assert choose_precision(get_model("deepseek-v3"), B200, accuracy_floor="fp4")[0] == "fp8"
     # too big for bf16 or fp8 within one B200 domain -> fp4 on Blackwell
     assert choose_precision(get_model("gpt-moe-1.8t"), B200)[0] == "fp4"
     # the accuracy floor is never crossed
     assert choose_precision(get_model("gpt-moe-1.8t"), B200, accuracy_floor="fp8")[0] == "fp8"
-    # A100 has no FP8 tensor cores: bf16 then int4 weight-only
-    w, kv = choose_precision(get_model("llama-3.1-405b"), get_gpu("a100"))
-    assert w == "int4" and kv == "bf16"
+    # A100 has no FP8 tensor cores, so no online FP8 either; the BF16 checkpoint stays BF16
+    w, kv = choose_precision(get_model("llama-3.1-405b"), get_gpu("a100"), engine="vllm")
+    assert w == "bf16" and kv == "bf16"
+    # on H100 vLLM quantizes the BF16 checkpoint to FP8 while loading; TensorRT-LLM cannot
+    assert choose_precision(get_model("llama-3.1-405b"), H100, engine="vllm")[0] == "fp8"
+    assert choose_precision(get_model("llama-3.1-405b"), H100, engine="trtllm")[0] == "bf16"
     with pytest.raises(ValueError, match="accuracy_floor"):
         choose_precision(get_model("llama-3.1-8b"), H100, accuracy_floor="fp2")

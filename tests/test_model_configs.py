@@ -313,6 +313,19 @@ def test_hf_id_is_accepted_as_model_name_and_matched_to_the_catalogue():
         {"model": {"name": "deepseek-ai/DeepSeek-R1"}}).model).name == "deepseek-r1"
 
 
+@pytest.mark.parametrize("hf_id,stem", [("Qwen/Qwen3-235B-A22B-FP8", "Qwen--Qwen3-235B-A22B-FP8"),
+                                        ("Qwen/Qwen3-32B-FP8", "Qwen--Qwen3-32B-FP8"),
+                                        ("nvidia/DeepSeek-V3.1-NVFP4", "nvidia--DeepSeek-V3.1-NVFP4")])
+def test_quantized_checkpoint_ids_match_the_catalogue_at_their_config_dtypes(hf_id, stem):
+    cat, cfg = get_model(hf_id), load(stem)
+    assert cat.checkpoint_fixed and cat.native_dtype == cfg.native_dtype
+    for c in ("attention", "experts") if cfg.is_moe else ("attention", "dense"):
+        assert cat.component_dtype(c) == cfg.component_dtype(c), c
+    assert kv_bytes_per_token(cat, TP1, "bf16") == KV[stem]
+    spec = LLMDeploymentSpec.model_validate({"model": {"name": hf_id}})
+    assert validate_semantics(spec) == []
+
+
 def test_unknown_hf_id_needs_an_architecture_and_says_so():
     spec = LLMDeploymentSpec.model_validate({"model": {"name": "moonshotai/Kimi-K2.5"}})
     problems = validate_semantics(spec)

@@ -680,9 +680,11 @@ class Precision(ApiModel):
 
     weights: DtypeOrAuto = Field(
         default="auto",
-        description="Weight dtype: auto (the planner keeps the most precise dtype, starting from the checkpoint's "
-        "own, that the GPU runs natively and that leaves room for KV cache in one NVLink domain, never below "
-        "accuracyFloor) or pinned bf16|fp16|fp8|int8|int4|fp4.",
+        description="Weight dtype: auto (the checkpoint's own dtype, or FP8 that vLLM/SGLang make online from a "
+        "BF16/FP16 checkpoint when the weights would not leave room for KV cache in one NVLink domain and "
+        "accuracyFloor allows; never a dtype the checkpoint does not ship in. For a model without a known "
+        "checkpoint dtype (architecture without weightDtype, gpt-moe-1.8t): the most precise dtype the GPU runs "
+        "natively that leaves that room, never below accuracyFloor) or pinned bf16|fp16|fp8|int8|int4|fp4.",
     )
     kv_cache: DtypeOrAuto = Field(
         default="auto",

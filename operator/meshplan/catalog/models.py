@@ -233,6 +233,9 @@ def _hf(repo: str) -> str:
 
 
 def _m(**kw) -> ModelArch:
+    # A catalogue entry with a published checkpoint (a Hugging Face source) ships in native_dtype: the
+    # precision rule keeps it (or what the engine converts to online), as for a config.json.
+    kw.setdefault("checkpoint_fixed", "huggingface.co/" in kw.get("source", ""))
     return ModelArch(**kw)
 
 
@@ -307,13 +310,39 @@ _HF_IDS: dict[str, str] = {
 }
 
 
+# Quantized checkpoints of catalogue models, by Hugging Face id (lower-case) -> (catalogue name, the
+# checkpoint's dtype, per-component dtypes it leaves unquantized). Each as its config.json /
+# hf_quant_config.json says (copies in tests/fixtures/models, sources in SOURCES.md).
+_HF_VARIANTS: dict[str, tuple[str, str, dict]] = {
+    # quant_method fp8, weight_block_size [128, 128]: every Linear FP8
+    "qwen/qwen3-235b-a22b-fp8": ("qwen3-235b-a22b", "fp8", {}),
+    "qwen/qwen3-32b-fp8": ("qwen3-32b", "fp8", {}),
+    # ModelOpt NVFP4, exclude_modules = every layer's self_attn projections
+    "nvidia/deepseek-v3.1-nvfp4": ("deepseek-v3", "fp4", {"attention_dtype": "bf16"}),
+}
+
+
+def _variant(key: str) -> ModelArch:
+    from dataclasses import replace
+
+    base, dtype, parts = _HF_VARIANTS[key]
+    m = MODELS[base]
+    repo = key  # lower-case id; the source names the page
+    return replace(m, name=f"{m.name}-{dtype}", native_dtype=dtype, checkpoint_fixed=True,
+                   source=f"https://huggingface.co/{repo}/blob/main/config.json (dimensions: {m.source})",
+                   total_params=m.total_params, active_params=m.active_params, **parts)
+
+
 def get_model(name: str) -> ModelArch:
-    """Catalogue entry by name ("llama-3.1-70b") or Hugging Face id, case-insensitive."""
+    """Catalogue entry by name ("llama-3.1-70b") or Hugging Face id, case-insensitive (a quantized
+    checkpoint's id gives the entry at that checkpoint's dtypes)."""
     key = str(name).strip().lower()
     if key in MODELS:
         return MODELS[key]
     if key in _HF_IDS:
         return MODELS[_HF_IDS[key]]
+    if key in _HF_VARIANTS:
+        return _variant(key)
     tail = key.rsplit("/", 1)[-1]
     if tail in MODELS:
         return MODELS[tail]
