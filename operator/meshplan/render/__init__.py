@@ -191,7 +191,10 @@ def render_group(
     if pods.weights_secret:
         secret_env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": pods.weights_secret[0], "key": pods.weights_secret[1]}}})
-    shared_env = _merge_env(nccl.env, secret_env, pods.env)
+    # MESHPLAN_* are the operator's bootstrap variables (the API refuses them in spec env; dropped
+    # here too, so that no user layer can override them).
+    shared_env = [e for e in _merge_env(nccl.env, secret_env, pods.env)
+                  if not str(e.get("name", "")).upper().startswith("MESHPLAN_")]
     env_names = tuple(e["name"] for e in shared_env)
 
     image = pods.image or DEFAULT_IMAGES[serving.engine]
