@@ -1,0 +1,309 @@
+"""Issue #17 part A: guards by exact names, no unintended `$(VAR)` expansion, least authority.
+
+The spec cases of UP_FRONT_CASES must be refused by the pydantic models here (the CEL rules'
+Python twins); e2e/reliability/test_redteam_authority.py sends the same manifests, as a tenant, to a
+real kube-apiserver, which must refuse them with the field named (CEL of the generated CRD).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pydantic
+import pytest
+
+from meshplan.api.extra_args import extra_args_problems, option_index, owned_options
+from meshplan.api.models import (
+    PLAN_OWNED_FLAGS,
+    RESERVED_FLAG_NAMES,
+    LLMDeployment,
+    reserved_flag_misuse,
+    validate_semantics,
+)
+from meshplan.catalog import engine_options
+
+BASE = {
+    "apiVersion": "meshplan.dev/v1alpha1",
+    "kind": "LLMDeployment",
+    "metadata": {"name": "x"},
+    "spec": {"model": {"name": "llama-3.1-8b"}, "engine": {"kind": "vllm"}, "replicas": 1},
+}
+
+
+def manifest(spec_patch: dict, name: str = "x") -> dict:
+    m = copy.deepcopy(BASE)
+    m["metadata"]["name"] = name
+    for k, v in spec_patch.items():
+        if isinstance(v, dict) and isinstance(m["spec"].get(k), dict):
+            m["spec"][k].update(v)
+        else:
+            m["spec"][k] = v
+    return m
+
+
+def secret_env(name: str) -> dict:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+
+
+# (case id, spec patch, field the error must name): refused up front (CRD CEL / pydantic).
+UP_FRONT_CASES: list[tuple[str, dict, str]] = [
+    ("prefix-tensor-parallel-siz", {"engine": {"kind": "vllm", "extraArgs": ["--tensor-parallel-siz=8"]}},
+     "spec.engine.extraArgs"),
+    ("prefix-max-num-seq", {"engine": {"kind": "vllm", "extraArgs": ["--max-num-seq", "512"]}},
+     "spec.engine.extraArgs"),
+    ("prefix-sglang-tp-siz", {"engine": {"kind": "sglang", "extraArgs": ["--tp-siz", "8"]}},
+     "spec.engine.extraArgs"),
+    ("prefix-even-with-override", {"engine": {"kind": "vllm", "allowPlanOverride": True,
+                                              "extraArgs": ["--tensor_parallel_siz=8"]}}, "spec.engine.extraArgs"),
+    ("served-model-name-in-extra-args", {"engine": {"kind": "vllm", "allowPlanOverride": True,
+                                                     "extraArgs": ["--served-model-name", "other"]}},
+     "spec.engine.extraArgs"),
+    ("api-key-inline", {"engine": {"kind": "vllm", "extraArgs": ["--api-key", "sk-abcdefghijklmnopqrstuvwx"]}},
+     "spec.engine.extraArgs"),
+    ("hf-token-inline", {"engine": {"kind": "vllm", "extraArgs": ["--hf-token=abc"]}}, "spec.engine.extraArgs"),
+    ("env-HFTOKEN-inline", {"engine": {"kind": "vllm", "env": [{"name": "HFTOKEN", "value": "x"}]}},
+     "spec.engine.env[0].value"),
+    ("env-HF-TOKEN-inline", {"engine": {"kind": "vllm", "env": [{"name": "HF-TOKEN", "value": "x"}]}},
+     "spec.engine.env[0].value"),
+    ("env-OPENAI_KEY-inline", {"engine": {"kind": "vllm", "env": [{"name": "OPENAI_KEY", "value": "x"}]}},
+     "spec.engine.env[0].value"),
+    ("env-value-is-a-token", {"engine": {"kind": "vllm", "env": [
+        {"name": "FOO", "value": "hf_abcdefghijklmnopqrstuvwxyz"}]}}, "spec.engine.env[0].value"),
+    ("env-meshplan-reserved", {"engine": {"kind": "vllm", "env": [{"name": "MESHPLAN_NNODES", "value": "9"}]}},
+     "spec.engine.env[0].name"),
+    ("nccl-env-meshplan-reserved", {"nccl": {"env": [{"name": "MESHPLAN_LEADER_ADDRESS", "value": "evil"}]}},
+     "spec.nccl.env[0].name"),
+    ("uri-hf_token-query", {"model": {"name": "llama-3.1-8b", "weights": {
+        "uri": "https://example.com/m.tar?hf_token=abc"}}}, "spec.model.weights.uri"),
+    ("uri-hf-userinfo", {"model": {"name": "llama-3.1-8b", "weights": {
+        "uri": "hf://user:hf_secret@huggingface.co/meta-llama/Llama-3.1-8B"}}}, "spec.model.weights.uri"),
+]
+
+
+@pytest.mark.parametrize("case_id,patch,field", UP_FRONT_CASES, ids=[c[0] for c in UP_FRONT_CASES])
+def test_up_front_cases_are_refused_by_the_models(case_id, patch, field):
+    with pytest.raises(pydantic.ValidationError):
+        LLMDeployment.from_manifest(manifest(patch))
+
+
+@pytest.mark.parametrize("spec", [
+    {"engine": {"kind": "vllm", "env": [{"name": "TOKENIZERS_PARALLELISM", "value": "false"},
+                                        {"name": "VLLM_MAX_TOKENS_PER_EXPERT", "value": "8"},
+                                        {"name": "SSL_KEY_FILE", "value": "/etc/tls/key.pem"}]}},
+    {"engine": {"kind": "vllm", "env": [secret_env("HFTOKEN"), secret_env("OPENAI_KEY")]}},
+    {"engine": {"kind": "vllm", "extraArgs": ["--max-model-len", "8192", "--enable-chunked-prefill",
+                                              "--no-enable-log-requests", "--seed", "-1"]}},
+    {"engine": {"kind": "sglang", "extraArgs": ["--ep", "1"], "allowPlanOverride": True}},
+    {"model": {"name": "llama-3.1-8b", "weights": {"uri": "hf://meta-llama/Llama-3.1-8B@main"}}},
+    {"model": {"name": "llama-3.1-8b", "weights": {"uri": "hf://gpt2@6c0e608"}}},
+], ids=["env-look-alikes", "secrets-by-reference", "real-vllm-options", "sglang-ep-exact", "hf-revision",
+        "hf-single-segment-revision"])
+def test_legitimate_specs_still_pass(spec):
+    llmd = LLMDeployment.from_manifest(manifest(spec))
+    assert not [p for p in validate_semantics(llmd.spec) if "extraArgs" in p and "predictions may not" not in p]
+
+
+def test_prefix_rule_twin_refuses_every_strict_prefix_of_plan_owned_flags():
+    for name in ("--tensor-parallel-size", "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype"):
+        for cut in range(3, len(name)):
+            prefix = name[:cut]
+            if prefix in ("--tp", "--pp", "--dp", "--ep"):
+                continue   # PLAN_OWNED_FLAGS spellings: the exact plan-owned rule judges them
+            assert reserved_flag_misuse(prefix + "=8"), prefix
+    assert not reserved_flag_misuse("--max-model-len")
+    assert not reserved_flag_misuse("--tensor-parallel-size")   # exact: the plan-owned rule decides
+
+
+@pytest.mark.parametrize("engine,args,expect", [
+    ("vllm", ["--tensor-parallel-siz=8"], "abbreviation of --tensor-parallel-size"),
+    ("vllm", ["--max-num-seq", "512"], "abbreviation of --max-num-seqs"),
+    ("vllm", ["-t", "8"], "abbreviation of -tp"),
+    ("sglang", ["--tp-siz", "8"], "abbreviation of --tp-size"),
+    ("sglang", ["--tp", "8"], "abbreviation of --tp-size"),
+    ("vllm", ["--tensor-parallel-size", "8"], "flag the plan owns"),
+    ("vllm", ["--tensor_parallel_size=8"], "flag the plan owns"),      # vLLM reads _ as -
+    ("trtllm", ["--moe_expert_parallel_size", "8"], "flag the plan owns"),   # alias of --ep_size
+    ("sglang", ["--tensor-parallel-size", "8"], "flag the plan owns"),       # alias of --tp-size
+    ("vllm", ["--served-model-name", "x"], "servedName"),
+    ("sglang", ["--api-key", "x"], "takes a secret"),
+    ("vllm", ["--api-key", "sk-abcdefghijklmnopqrstuvwx"], "looks like a credential"),
+    ("vllm", ["--no-such-option"], "not an option"),
+    ("sglang", ["--max_running_requests", "8"], "not an option"),   # SGLang has no _ spelling
+    ("vllm", ["--", "--trust-remote-code"], "ends the engine's options"),
+])
+def test_operator_exact_check_refuses(engine, args, expect):
+    problems = extra_args_problems(engine, args)
+    assert problems and any(expect in p for p in problems), problems
+
+
+@pytest.mark.parametrize("engine,args", [
+    ("vllm", ["--max_model_len", "8192", "-O3", "--compilation-config.cudagraph_mode", "FULL", "-cc.level=3",
+              "--no-enable-prefix-caching", "--trust-remote-code", "--seed", "-1"]),
+    ("sglang", ["--context-length", "8192", "--trust-remote-code", "--disable-radix-cache"]),
+    ("trtllm", ["--trust_remote_code", "--log_level", "info", "--max_seq_len", "8192"]),
+])
+def test_operator_exact_check_accepts_real_options(engine, args):
+    assert extra_args_problems(engine, args) == []
+
+
+def test_plan_owned_actions_cover_every_alias():
+    assert {"--tensor-parallel-size", "-tp", "--max-num-seqs"} <= owned_options("vllm")
+    assert {"--tp-size", "--tensor-parallel-size", "--ep", "--expert-parallel-size"} <= owned_options("sglang")
+    assert {"--tp_size", "--tensor_parallel_size", "--ep_size", "--moe_expert_parallel_size"} <= \
+        owned_options("trtllm")
+    assert "--max-model-len" not in owned_options("vllm")
+
+
+def test_every_flag_meshplan_renders_is_a_real_option():
+    """The option tables agree with the renderer: each flag meshplan itself writes exists."""
+    from meshplan.planner.engines import engine_layout
+    from meshplan.planner.types import Layout
+
+    rendered = {
+        "vllm": {"--host", "--port", "--served-model-name", "--revision", "--dtype", "--quantization",
+                 "--max-model-len", "--enable-prefix-caching", "--scheduling-policy", "--enforce-eager",
+                 "--enable-eplb", "--data-parallel-size-local", "--data-parallel-address",
+                 "--data-parallel-rpc-port", "--data-parallel-start-rank", "--headless",
+                 "--distributed-executor-backend", "--nnodes", "--node-rank", "--master-addr", "--master-port"},
+        "sglang": {"--model-path", "--host", "--port", "--served-model-name", "--revision", "--dtype",
+                   "--quantization", "--enable-metrics", "--context-length", "--disable-radix-cache",
+                   "--enable-priority-scheduling", "--schedule-policy", "--disable-cuda-graph", "--enable-eplb",
+                   "--dist-init-addr", "--nnodes", "--node-rank"},
+        "trtllm": {"--host", "--port", "--backend", "--max_seq_len", "--extra_llm_api_options"},
+    }
+    for engine in rendered:
+        for layout in (Layout(tp=8), Layout(tp=2, ep=8), Layout(tp=4, pp=2)):
+            el = engine_layout(layout, engine, chunk_size=2048, max_num_seqs=64, memory_fraction=0.9,
+                               kv_dtype="fp8")
+            rendered[engine] |= set(el.flags)
+        index = option_index(engine)
+        missing = {f for f in rendered[engine]
+                   if (f.replace("_", "-") if engine == "vllm" else f) not in index}
+        assert not missing, (engine, missing)
+
+
+def test_option_tables_say_where_they_come_from():
+    assert engine_options.VERSIONS == {"vllm": "0.12.0", "sglang": "0.5.5", "trtllm": "1.1.0"}
+    assert all(engine_options.SOURCES[e] for e in ("vllm", "sglang", "trtllm"))
+    assert len(engine_options.VLLM_OPTIONS) > 150 and len(engine_options.SGLANG_OPTIONS) > 200
+    from meshplan.render.engine_args import DEFAULT_IMAGES
+
+    for engine, version in engine_options.VERSIONS.items():
+        assert DEFAULT_IMAGES[engine].endswith(version), (engine, DEFAULT_IMAGES[engine])
+
+
+def test_reserved_names_include_plan_owned_spellings():
+    assert {f"--{n}" for n in PLAN_OWNED_FLAGS} <= set(RESERVED_FLAG_NAMES)
+    assert "--served-model-name" in RESERVED_FLAG_NAMES and "--api-key" in RESERVED_FLAG_NAMES
+
+
+def test_validate_semantics_reports_abbreviation_the_crd_cannot_see():
+    """`--tp` passes the CRD with allowPlanOverride (a PLAN_OWNED_FLAGS spelling) but SGLang would read
+    it as an abbreviation of --tp-size: the operator reports it (Planned=False/InvalidSpec)."""
+    llmd = LLMDeployment.from_manifest(manifest({"engine": {"kind": "sglang", "allowPlanOverride": True,
+                                                            "extraArgs": ["--tp", "4"]}}))
+    problems = validate_semantics(llmd.spec)
+    assert any("abbreviation of --tp-size" in p and "SGLang 0.5.5" in p for p in problems), problems
+
+
+# ------------------------------------------------------------------ rendering: $(VAR), sh -c, SA token
+
+
+def _render(engine: str, layout_kw: dict, nodes: int = 1, extra_args=(), env=(), model="org/model"):
+    from _gpu_nodes import hgx_h100
+
+    from meshplan.placement import place, request_for_layout
+    from meshplan.planner.types import Candidate, Layout, MemoryFit, Prediction
+    from meshplan.render import Owner, PodOptions, render_deployment
+    from meshplan.render.engine_args import ServingOptions
+    from meshplan.topology import build_topology
+
+    layout = Layout(**layout_kw)
+    topo = build_topology(hgx_h100(nodes))
+    placement = place(request_for_layout(layout, 8), topo)
+    assert placement.ok, placement.message()
+    cand = Candidate(layout=layout, weight_dtype="bf16", kv_dtype="bf16", chunk_size=1024, max_num_seqs=64,
+                     memory=MemoryFit(True, 0, 0, 0, 0, 0, 0, 0), prediction=Prediction(0, 0, 0, 0, 0),
+                     engine=engine)
+    serving = ServingOptions(engine=engine, model=model, extra_args=tuple(extra_args))
+    out = render_deployment(Owner("chat", "team-a", "uid"), cand, placement, topo, serving,
+                            pods=PodOptions(env=tuple(env)))
+    return [p for g in out.groups for p in g.pods]
+
+
+def _kubelet_expand(s: str, env: dict[str, str]) -> str:
+    """The kubelet's $(VAR) expansion of command/args (k8s.io/kubernetes third_party expansion):
+    `$$` -> `$`, `$(NAME)` -> the variable's value when defined, anything else as written."""
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "$" and i + 1 < len(s):
+            if s[i + 1] == "$":
+                out.append("$")
+                i += 2
+                continue
+            if s[i + 1] == "(" and ")" in s[i + 2:]:
+                end = s.index(")", i + 2)
+                name = s[i + 2:end]
+                if name in env:
+                    out.append(env[name])
+                    i = end + 1
+                    continue
+        out.append(s[i])
+        i += 1
+    return "".join(out)
+
+
+@pytest.mark.parametrize("engine,layout,nodes", [("vllm", {"tp": 8}, 1), ("sglang", {"tp": 8}, 1),
+                                                 ("trtllm", {"tp": 8}, 1), ("trtllm", {"tp": 8, "pp": 2}, 2)])
+def test_no_kubelet_expansion_reaches_the_engine(engine, layout, nodes):
+    """A user value `$(HF_TOKEN)` in extraArgs or the model reaches the process as written, never as the
+    Secret's value: every `$` of command/args is rendered as `$$`."""
+    pods = _render(engine, layout, nodes, extra_args=["--chat-template", "$(HF_TOKEN)"],
+                   env=[{"name": "HF_TOKEN", "value": "the-secret"}], model="org/m$(HF_TOKEN)")
+    for pod in pods:
+        c = pod["spec"]["containers"][0]
+        env = {e["name"]: e.get("value", "") for e in c["env"]}
+        seen = [_kubelet_expand(x, env) for x in c["command"] + c["args"]]
+        assert not any("the-secret" in x for x in seen), seen
+    leader = pods[0]["spec"]["containers"][0]
+    seen = [_kubelet_expand(x, {}) for x in leader["command"] + leader["args"]]
+    assert "$(HF_TOKEN)" in seen and any("org/m$(HF_TOKEN)" in x for x in seen)
+
+
+@pytest.mark.parametrize("nodes,layout", [(1, {"tp": 8}), (2, {"tp": 8, "pp": 2})])
+def test_trtllm_script_carries_no_user_value(nodes, layout):
+    """The leader's `sh -c` script is the operator's text only; model and extraArgs follow it as
+    arguments (`exec "$@"`), so no quoting or `$(...)` in a user value is ever parsed by sh."""
+    evil = "'; touch /tmp/pwned; echo '"
+    pods = _render("trtllm", layout, nodes, extra_args=["--chat_template", evil], model="org/model")
+    c = pods[0]["spec"]["containers"][0]
+    assert c["command"] == ["/bin/sh", "-c"]
+    script, name, *argv = c["args"]
+    assert evil not in script and "org/model" not in script and "trtllm-serve" not in script
+    assert name == "meshplan-trtllm" and evil in argv and "org/model" in argv
+    assert script.rstrip().endswith('exec "$$@"')
+
+
+def test_engine_pods_mount_no_token_and_keep_baseline():
+    for engine in ("vllm", "sglang", "trtllm"):
+        for pod in _render(engine, {"tp": 8, "pp": 2} if engine == "trtllm" else {"tp": 8},
+                           2 if engine == "trtllm" else 1):
+            spec = pod["spec"]
+            assert spec["automountServiceAccountToken"] is False
+            assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+            for c in spec["containers"]:
+                assert c["securityContext"]["allowPrivilegeEscalation"] is False
+                assert not c["securityContext"].get("privileged") and "capabilities" not in c["securityContext"]
+            assert not any(k in spec for k in ("hostNetwork", "hostPID", "hostIPC"))
+            assert all("hostPath" not in v for v in spec["volumes"])
+
+
+def test_user_env_cannot_override_bootstrap_variables():
+    """Even past the API (an object stored before the rule existed), MESHPLAN_* comes from the operator."""
+    pods = _render("vllm", {"tp": 8, "pp": 2}, 2, env=[{"name": "MESHPLAN_NNODES", "value": "99"},
+                                                       {"name": "MESHPLAN_LEADER_ADDRESS", "value": "evil"}])
+    for pod in pods:
+        env = [e for e in pod["spec"]["containers"][0]["env"] if e["name"].startswith("MESHPLAN_")]
+        values = {e["name"]: e["value"] for e in env}
+        assert len(env) == len(values) and values["MESHPLAN_NNODES"] == "2"
+        assert values["MESHPLAN_LEADER_ADDRESS"].startswith("chat-r0-0.")
