@@ -307,3 +307,124 @@ def test_user_env_cannot_override_bootstrap_variables():
         values = {e["name"]: e["value"] for e in env}
         assert len(env) == len(values) and values["MESHPLAN_NNODES"] == "2"
         assert values["MESHPLAN_LEADER_ADDRESS"].startswith("chat-r0-0.")
+
+
+# ------------------------------------------------------------------ the admin's engine-pod policy
+
+
+def test_image_patterns():
+    from meshplan.api.policy import image_allowed, image_repository
+
+    assert image_repository("vllm/vllm-openai:v0.12.0") == "vllm/vllm-openai"
+    assert image_repository("reg.example:5000/llm/vllm@sha256:" + "a" * 64) == "reg.example:5000/llm/vllm"
+    assert image_repository("reg.example:5000/llm/vllm:v1@sha256:" + "a" * 64) == "reg.example:5000/llm/vllm"
+    assert image_allowed("vllm/vllm-openai:v0.13.0", ["vllm/vllm-openai"])
+    assert not image_allowed("vllm/vllm-openai-evil:v1", ["vllm/vllm-openai"])
+    assert not image_allowed("evil.example/vllm/vllm-openai:v1", ["vllm/vllm-openai"])
+    assert image_allowed("reg.example/llm/sglang:v1", ["reg.example/llm/*"])
+    assert not image_allowed("reg.example/llmx/sglang:v1", ["reg.example/llm/*"])
+    assert not image_allowed("reg.example/llm", ["reg.example/llm/*"])
+    assert image_allowed("anything:1", ["*"]) and not image_allowed("anything:1", [])
+
+
+def test_policy_from_values_names_bad_keys():
+    from meshplan.api.policy import EnginePolicy
+
+    with pytest.raises(ValueError, match="enginePolicy.allowedImages.tgi"):
+        EnginePolicy.from_values({"allowedImages": {"tgi": ["x"]}})
+    with pytest.raises(ValueError, match="enginePolicy: unknown key"):
+        EnginePolicy.from_values({"allowImages": {}})
+    with pytest.raises(ValueError, match="allowEnvValueFrom"):
+        EnginePolicy.from_values({"allowEnvValueFrom": "yes"})
+    p = EnginePolicy.from_values({"allowedImages": {"vllm": ["reg/*"]}, "serviceAccountName": "engines"})
+    assert p.allowed_images == {"vllm": ("reg/*",)} and p.service_account_name == "engines"
+
+
+def test_settings_reads_the_chart_json_and_refuses_garbage():
+    from meshplan.api.policy import DEFAULT_ALLOWED_IMAGES
+    from meshplan.controller.settings import load_engine_policy
+
+    assert load_engine_policy({}).allowed_images == DEFAULT_ALLOWED_IMAGES
+    assert load_engine_policy({}).allow_env_value_from is False
+    p = load_engine_policy({"MESHPLAN_ENGINE_POLICY": '{"allowEnvValueFrom": true, "serviceAccountName": "x"}'})
+    assert p.allow_env_value_from and p.service_account_name == "x"
+    with pytest.raises(ValueError, match="MESHPLAN_ENGINE_POLICY is not JSON"):
+        load_engine_policy({"MESHPLAN_ENGINE_POLICY": "{nope"})
+
+
+def _policy_spec(**engine):
+    llmd = LLMDeployment.from_manifest(manifest({"engine": {"kind": "vllm", **engine}}))
+    return llmd.spec
+
+
+def test_policy_problems_name_field_value_and_admin_setting():
+    from meshplan.api.policy import EnginePolicy, policy_problems
+
+    default = EnginePolicy()
+    assert policy_problems(_policy_spec(), default) == []
+    assert policy_problems(_policy_spec(image="vllm/vllm-openai:v0.13.0"), default) == []
+    [p] = policy_problems(_policy_spec(image="evil.example/miner:1"), default)
+    assert "spec.engine.image 'evil.example/miner:1'" in p and "enginePolicy.allowedImages.vllm" in p
+    [p] = policy_problems(_policy_spec(env=[secret_env("DB_PASSWORD")]), default)
+    assert "spec.engine.env[0].valueFrom" in p and "Secret 's'" in p and "enginePolicy.allowEnvValueFrom" in p
+    nccl = LLMDeployment.from_manifest(manifest({"nccl": {"env": [secret_env("NCCL_X")]}})).spec
+    assert any("spec.nccl.env[0].valueFrom" in p for p in policy_problems(nccl, default))
+    assert policy_problems(nccl, EnginePolicy(allow_env_value_from=True)) == []
+    # weights credentials are the one Secret reference a CR may make
+    weights = LLMDeployment.from_manifest(manifest({"model": {"name": "llama-3.1-8b", "weights": {
+        "uri": "hf://meta-llama/Llama-3.1-8B", "credentialsSecretRef": {"name": "hf", "key": "token"}}}})).spec
+    assert policy_problems(weights, default) == []
+
+
+def _hgx_manifest(**engine):
+    import yaml as _yaml
+    from pathlib import Path
+
+    m = _yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "llama-3.1-70b-hgx-h100.yaml")
+                        .read_text())
+    m["metadata"].update({"namespace": "team-a", "uid": "u-policy", "generation": 1})
+    m["spec"].pop("slo", None)
+    m["spec"].update({"objective": "maxThroughput", "replicas": 1, "autoscaling": {"enabled": False},
+                      "parallelism": {"tensor": 8, "pipeline": 1}})
+    m["spec"]["engine"].update(engine)
+    return m
+
+
+def _hgx_topology():
+    from meshplan.devcluster.fleets import fleet_nodes
+    from meshplan.topology import build_topology_from_infos, node_info
+
+    fleet = {"name": "t", "nodeGroups": [{"namePrefix": "t-h", "count": 2, "gpusPerNode": 8,
+                                          "product": "NVIDIA-H100-80GB-HBM3", "memoryMiB": 81559}]}
+    infos = []
+    for n in fleet_nodes(fleet):
+        n["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        infos.append(node_info(n))
+    return build_topology_from_infos(infos, [])
+
+
+def test_operator_refuses_a_disallowed_image_with_a_condition_and_creates_nothing():
+    from meshplan.api.policy import EnginePolicy
+    from meshplan.controller.reconcile import Reconciler, World
+
+    r = Reconciler(kube=None, world=World(), compute_domains=False, engine_policy=EnginePolicy())
+    out = r._decide(_hgx_manifest(image="evil.example/miner:1"), _hgx_topology(), [], [], [])
+    planned = {c["type"]: c for c in out.status["conditions"]}["Planned"]
+    assert planned["status"] == "False" and planned["reason"] == "NotAllowed"
+    assert "evil.example/miner:1" in planned["message"] and "enginePolicy.allowedImages.vllm" in planned["message"]
+    assert not [d for d, _ in out.apply if d.get("kind") == "Pod"]
+
+
+def test_operator_runs_engine_pods_as_the_admins_service_account_without_token():
+    from meshplan.api.policy import EnginePolicy
+    from meshplan.controller.reconcile import Reconciler, World
+
+    r = Reconciler(kube=None, world=World(), compute_domains=False,
+                   engine_policy=EnginePolicy(service_account_name="llm-engines"))
+    out = r._decide(_hgx_manifest(), _hgx_topology(), [], [], [])
+    pods = [d for d, _ in out.apply if d.get("kind") == "Pod"]
+    assert pods
+    for pod in pods:
+        assert pod["spec"]["serviceAccountName"] == "llm-engines"
+        assert pod["spec"]["automountServiceAccountToken"] is False
+        assert pod["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.12.0"
