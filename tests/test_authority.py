@@ -428,3 +428,18 @@ def test_operator_runs_engine_pods_as_the_admins_service_account_without_token()
         assert pod["spec"]["serviceAccountName"] == "llm-engines"
         assert pod["spec"]["automountServiceAccountToken"] is False
         assert pod["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.12.0"
+
+
+def test_renderer_drops_served_model_name_from_extra_args():
+    """Defence in depth for objects stored before the API rule: the served name stays the spec's."""
+    from meshplan.planner.types import Candidate, Layout, MemoryFit, Prediction
+    from meshplan.render.engine_args import PodRole, ServingOptions, engine_command
+
+    cand = Candidate(layout=Layout(tp=1), weight_dtype="bf16", kv_dtype="bf16", chunk_size=1024, max_num_seqs=64,
+                     memory=MemoryFit(True, 0, 0, 0, 0, 0, 0, 0), prediction=Prediction(0, 0, 0, 0, 0),
+                     engine="vllm")
+    cmd = engine_command(cand, ServingOptions(engine="vllm", model="org/m", served_name="chat",
+                                              extra_args=("--served-model-name", "other")), PodRole())
+    args = list(cmd.args)
+    assert args.count("--served-model-name") == 1 and args[args.index("--served-model-name") + 1] == "chat"
+    assert "other" not in args

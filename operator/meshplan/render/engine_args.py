@@ -83,6 +83,7 @@ _BOOTSTRAP = {
     "nnodes", "node-rank", "master-addr", "master-port", "headless", "data-parallel-size-local",
     "data-parallel-start-rank", "data-parallel-address", "data-parallel-rpc-port", "dist-init-addr",
     "host", "port", "distributed-executor-backend", "extra-llm-api-options", "backend",
+    "served-model-name",   # spec.model.servedName owns it (immutable); the API refuses it in extraArgs
 }
 _SHORT_ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size",
                   "ep": "enable-expert-parallel"}
