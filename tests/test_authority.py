@@ -443,3 +443,41 @@ def test_renderer_drops_served_model_name_from_extra_args():
     args = list(cmd.args)
     assert args.count("--served-model-name") == 1 and args[args.index("--served-model-name") + 1] == "chat"
     assert "other" not in args
+
+
+def test_upgrade_replaces_running_groups_by_rolling_update_not_by_deleting_them(monkeypatch):
+    """A group rendered by an operator before issue #17 (token mounted, no securityContext) cannot be
+    re-applied in place (the API server refuses immutable pod changes, and the reconciler would then
+    delete the pod). POD_TEMPLATE_VERSION is part of the plan hash, so such a group is stale: the new
+    group is created beside it (surge) and the old one is neither patched nor deleted yet."""
+    import copy as _copy
+
+    from meshplan.api.policy import EnginePolicy
+    from meshplan.controller.reconcile import Reconciler, World
+    import meshplan.render as render_pkg
+
+    topo = _hgx_topology()
+    # what the previous template version rendered (same spec, same options)
+    monkeypatch.setattr(render_pkg, "POD_TEMPLATE_VERSION", render_pkg.POD_TEMPLATE_VERSION - 1)
+    first = Reconciler(kube=None, world=World(), compute_domains=False,
+                       engine_policy=EnginePolicy())._decide(_hgx_manifest(), topo, [], [], [])
+    monkeypatch.undo()
+    r = Reconciler(kube=None, world=World(), compute_domains=False, engine_policy=EnginePolicy())
+    old_pods = []
+    for pod, _ in first.apply:
+        if pod.get("kind") != "Pod":
+            continue
+        pod = _copy.deepcopy(pod)
+        pod["metadata"]["uid"] = "uid-" + pod["metadata"]["name"]
+        for key in ("automountServiceAccountToken", "securityContext", "schedulingGates"):
+            pod["spec"].pop(key, None)
+        pod["spec"]["containers"][0].pop("securityContext", None)
+        pod["spec"]["nodeName"] = pod["metadata"]["annotations"]["meshplan.dev/assigned-node"]
+        pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        old_pods.append(pod)
+    assert old_pods
+    out = r._decide(_hgx_manifest(), topo, old_pods, [], [])
+    old_names = {p["metadata"]["name"] for p in old_pods}
+    applied = {d["metadata"]["name"] for d, _ in out.apply if d.get("kind") == "Pod"}
+    assert applied and not applied & old_names, (applied, old_names)
+    assert not [c for _, kind, c, _ in out.delete if kind == "Pod"]

@@ -121,10 +121,18 @@ class Rendered:
         return out
 
 
+# Bumped when the renderer changes an immutable pod field for every deployment (2: no SA token,
+# seccomp/allowPrivilegeEscalation, `$$` escaping, TRT-LLM argv; issue #17): the new hash makes the
+# controller replace running groups by its rolling update (one at a time, surge first) instead of
+# deleting every pod whose re-apply the API server refuses as an immutable change.
+POD_TEMPLATE_VERSION = 2
+
+
 def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOptions, pods: PodOptions,
               gpus_per_pod: int, pods_per_replica: int) -> str:
     """10 hex chars over everything that shapes the pods except their nodes."""
     doc = {
+        "pod_template": POD_TEMPLATE_VERSION,
         "layout": dataclasses.asdict(candidate.layout),
         "weight_dtype": candidate.weight_dtype, "kv_dtype": candidate.kv_dtype,
         "chunk_size": candidate.chunk_size, "max_num_seqs": candidate.max_num_seqs,
