@@ -128,9 +128,11 @@ def test_sglang_and_trtllm_multinode():
     assert arg(worker, "--node-rank") == "1" and arg(leader, "--tp-size") == "8" and arg(leader, "--pp-size") == "2"
     out, _ = render(hgx_h100(2), Layout(tp=8, pp=2), "trtllm")
     leader, worker = out.groups[0].pods
-    script = leader["spec"]["containers"][0]["args"][0]
-    assert "mpirun" in script and "-np 16" in script and worker["metadata"]["name"] in script
-    assert "-x NCCL_P2P_LEVEL" in script
+    script, *argv = leader["spec"]["containers"][0]["args"]
+    line = " ".join(argv)   # the command line follows the script as its arguments ("$@")
+    assert "mpirun" not in script and script.rstrip().endswith('exec "$$@"')
+    assert "mpirun" in line and "-np 16" in line and worker["metadata"]["name"] in line
+    assert "-x NCCL_P2P_LEVEL" in line
     assert worker["spec"]["containers"][0]["command"] == ["/usr/sbin/sshd"]
 
 

@@ -99,6 +99,7 @@ PLAN_OWNED_FLAGS: tuple[str, ...] = (
     "pipeline-parallel-size", "pp-size", "pp",
     "data-parallel-size", "dp-size", "dp",
     "expert-parallel-size", "ep-size", "ep", "moe-ep-size", "enable-expert-parallel",
+    "moe-expert-parallel-size",   # trtllm-serve's long name of --ep_size
     "enable-dp-attention",
     "max-num-seqs", "max-num-batched-tokens", "max-running-requests", "chunked-prefill-size",
     "max-batch-size", "max-num-tokens",
@@ -115,15 +116,67 @@ def _flag_regex() -> str:
 
 PLAN_OWNED_FLAG_RE = _flag_regex()
 
+# Abbreviations: vLLM's and SGLang's argparse parsers accept any unambiguous prefix of an option
+# (allow_abbrev=True), so `--tensor-parallel-siz` IS `--tensor-parallel-size`. RESERVED_FLAG_NAMES:
+# every real spelling (meshplan.catalog.engine_options, from the engines' own parsers) of a
+# plan-owned option, `--served-model-name` (spec.model.servedName owns it) and the options that take
+# a secret inline; a flag that is a strict prefix of one of them is refused, unless it is itself a
+# real option of some engine (RESERVED_FLAG_PREFIX_EXCEPTIONS, checked exactly by the operator:
+# meshplan.api.extra_args). ALWAYS_REFUSED_FLAGS: refused even with allowPlanOverride.
+from meshplan.api.extra_args import OPERATOR_OWNED as _OPERATOR_OWNED  # noqa: E402
+from meshplan.api.extra_args import SECRET_OPTIONS as _SECRET_OPTIONS  # noqa: E402
+from meshplan.api.extra_args import reserved_prefix_names as _reserved_prefix_names  # noqa: E402
+
+RESERVED_FLAG_NAMES, RESERVED_FLAG_PREFIX_EXCEPTIONS = _reserved_prefix_names(PLAN_OWNED_FLAGS)
+ALWAYS_REFUSED_FLAGS: tuple[str, ...] = tuple(sorted(f"--{n}" for n in (*_OPERATOR_OWNED, *_SECRET_OPTIONS)))
+
+
+def _cel_list(items: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{x}'" for x in items) + "]"
+
+
+def flag_key(arg: str) -> str:
+    """The option name of an extraArgs entry as the CRD rule compares it: before `=`, `_` as `-`."""
+    return arg.split("=", 1)[0].replace("_", "-")
+
+
+def reserved_flag_misuse(arg: str) -> bool:
+    """Python twin of the CRD rule: an abbreviation of a reserved option, or an always-refused one."""
+    if not arg.startswith("-") or len(arg) < 2:
+        return False
+    k = flag_key(arg)
+    if k in ALWAYS_REFUSED_FLAGS:
+        return True
+    if k in RESERVED_FLAG_PREFIX_EXCEPTIONS:
+        return False
+    return any(n != k and n.startswith(k) for n in RESERVED_FLAG_NAMES)
+
+
+_FLAG_KEY_CEL = "a.split('=')[0].replace('_', '-')"
+RESERVED_FLAG_CEL = (
+    f"!a.startsWith('-') || size(a) < 2 || (!({_FLAG_KEY_CEL} in {_cel_list(ALWAYS_REFUSED_FLAGS)}) && "
+    f"({_FLAG_KEY_CEL} in {_cel_list(RESERVED_FLAG_PREFIX_EXCEPTIONS)} || "
+    f"!{_cel_list(RESERVED_FLAG_NAMES)}.exists(n, n != {_FLAG_KEY_CEL} && n.startsWith({_FLAG_KEY_CEL}))))"
+)
+
 # Environment variable names that carry secrets: they must come from a Secret
 # (valueFrom.secretKeyRef), never an inline value.
 # (Not CREDENTIALS: GOOGLE_APPLICATION_CREDENTIALS and friends hold file paths.)
-SECRET_ENV_RE = r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY)(_|$)"
+# Matched on the upper-cased name: TOKEN with nothing or a separator after it (HF_TOKEN, HFTOKEN,
+# HF-TOKEN; not TOKENIZERS_PARALLELISM or MAX_TOKENS), SECRET/PASSWORD anywhere, a final KEY after a
+# separator (OPENAI_KEY; not SSL_KEY_FILE), API/ACCESS/PRIVATE KEY with or without a separator.
+SECRET_ENV_RE = r"TOKEN([-_.]|$)|SECRET|PASSWORD|PASSWD|(^|[-_.])KEY$|(API|ACCESS|PRIVATE)[-_.]?KEY([-_.]|$)"
+# Values that are credentials whatever the name: OpenAI keys (sk-...), Hugging Face tokens (hf_...).
+SECRET_VALUE_RE = r"(^|[=: ])(sk-[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]{20,})"
+# Variables the operator sets on every engine pod (multi-node bootstrap): user env may not set them.
+RESERVED_ENV_PREFIX = "MESHPLAN_"
 # Inline credentials in a weights URI: user[:password]@host, or a token-ish query
 # parameter. hf:// is exempt from the first: hf://name@revision names a revision.
 URI_USERINFO_RE = r"^(https?|s3|gs|az|oci|pvc|file)://[^/?#]*@"
+# hf://name@revision names a revision; hf://user:token@host (a colon before the @) is a credential.
+URI_HF_USERINFO_RE = r"^hf://[^/?#@]*:[^/?#]*@"
 URI_TOKEN_QUERY_RE = (
-    r"(?i)[?&;]([a-z0-9_-]*token|auth|authorization|api_key|apikey|key|password|secret|"
+    r"(?i)[?&;]([^=&;#]*[-_.])?(token|access_token|auth|authorization|api_key|apikey|key|password|secret|"
     r"sig|signature|x-amz-signature|x-amz-credential|x-goog-signature|x-goog-credential|sv|se)="
 )
 URI_SCHEMES = ("hf", "s3", "gs", "az", "oci", "pvc", "https", "http", "file")
@@ -539,6 +592,14 @@ class Weights(ApiModel):
             "FieldValueForbidden",
         ),
         Rule(
+            f"!has(self.uri) || !self.uri.matches('{URI_HF_USERINFO_RE}')",
+            "spec.model.weights.uri must not contain user:token@ credentials (hf://name@revision names a "
+            "revision); put the token in a Secret and set spec.model.weights.credentialsSecretRef",
+            ".uri",
+            lambda w: w.uri is None or not re.search(URI_HF_USERINFO_RE, w.uri),
+            "FieldValueForbidden",
+        ),
+        Rule(
             f"!has(self.uri) || !self.uri.startsWith('hf://') || self.uri.matches('{URI_HF_RE}')",
             "spec.model.weights.uri: an hf:// URI must be hf://[org/]name[@revision] (a Hugging Face repository id, "
             "letters, digits and -_. only)",
@@ -732,6 +793,22 @@ class EnvVar(ApiModel):
             lambda e: e.value is None or not re.search(SECRET_ENV_RE, e.name.upper()),
             "FieldValueForbidden",
         ),
+        Rule(
+            f"!has(self.value) || !self.value.matches('{SECRET_VALUE_RE}')",
+            "env: the value looks like a credential (an sk-... or hf_... token): put it in a Secret and use "
+            "valueFrom.secretKeyRef",
+            ".value",
+            lambda e: e.value is None or not re.search(SECRET_VALUE_RE, e.value),
+            "FieldValueForbidden",
+        ),
+        Rule(
+            f"!self.name.upperAscii().startsWith('{RESERVED_ENV_PREFIX}')",
+            f"env: names starting with {RESERVED_ENV_PREFIX} are reserved for the operator's bootstrap variables "
+            "(MESHPLAN_REPLICA, MESHPLAN_NODE_RANK, MESHPLAN_NNODES, MESHPLAN_LEADER_ADDRESS): rename the variable",
+            ".name",
+            lambda e: not e.name.upper().startswith(RESERVED_ENV_PREFIX),
+            "FieldValueForbidden",
+        ),
     )
 
 
@@ -825,6 +902,15 @@ class EngineSpec(ApiModel):
             "spec.engine.allowPlanOverride: true",
             ".extraArgs",
             _no_plan_flags,
+            "FieldValueForbidden",
+        ),
+        Rule(
+            f"!has(self.extraArgs) || self.extraArgs.all(a, {RESERVED_FLAG_CEL})",
+            "spec.engine.extraArgs must not abbreviate a flag the plan or the operator owns (the engines' argparse "
+            "reads --tensor-parallel-siz as --tensor-parallel-size: write options in full) nor set "
+            "--served-model-name (spec.model.servedName), --api-key or --hf-token (secrets, never inline)",
+            ".extraArgs",
+            lambda e: not any(reserved_flag_misuse(a) for a in e.extra_args),
             "FieldValueForbidden",
         ),
     )
@@ -1498,6 +1584,9 @@ def validate_semantics(spec: LLMDeploymentSpec) -> list[str]:
         refusal = engine_refusal(spec.model.weights.uri, spec.engine.kind)
         if refusal:
             problems.append(refusal)
+    from meshplan.api.extra_args import extra_args_problems
+
+    problems += extra_args_problems(spec.engine.kind, spec.engine.extra_args, spec.engine.allow_plan_override)
     if spec.engine.allow_plan_override and spec.engine.plan_owned_extra_args():
         problems.append(
             "spec.engine.extraArgs overrides flags the plan sets "

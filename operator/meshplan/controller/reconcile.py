@@ -535,6 +535,8 @@ class Reconciler:
     # (namespace, name) -> placement.Claim: replicas a deployment waits to place, with its rank. Read and
     # written only in the decide thread; a deployment ranked after a claim leaves the GPUs it would take.
     claims: dict[tuple[str, str], Any] = field(default_factory=dict)
+    # The cluster admin's engine-pod policy (meshplan.api.policy; chart value enginePolicy).
+    engine_policy: Any = field(default_factory=lambda: _load_policy())
     _threads: Any = field(default=None, repr=False)
 
     async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -769,6 +771,12 @@ class Reconciler:
         if refused is not None:
             return decide(Inputs(desired_replicas=desired, planned_reason="InvalidSpec", planned_message=refused,
                                  **common))
+        from meshplan.api.policy import policy_problems
+
+        refused_by_admin = policy_problems(spec, self.engine_policy)
+        if refused_by_admin:
+            return decide(Inputs(desired_replicas=desired, planned_reason="NotAllowed",
+                                 planned_message="; ".join(refused_by_admin), **common))
         problems = validate_semantics(spec) + node_selector_problems(dict(spec.gpus.node_selector or {}))
         if problems and not (len(problems) == 1 and "predictions may not describe" in problems[0]):
             return decide(Inputs(desired_replicas=desired, planned_reason="InvalidSpec",
@@ -791,7 +799,7 @@ class Reconciler:
             reason, message = _capacity_message(spec, topology, plan.reason, self.world.fleet())
             return decide(Inputs(desired_replicas=desired, planned_reason=reason, planned_message=message,
                                  **common))
-        target = target_for(spec, plan, topology, bool(self.compute_domains))
+        target = self._with_policy(target_for(spec, plan, topology, bool(self.compute_domains)))
         outcome = decide(Inputs(desired_replicas=desired, target=target, replicas_why=replicas_why, **common))
         if outcome.placement is not None and outcome.placement.unplaced:
             # The planned product is full: another product the spec allows may hold every replica.
@@ -799,6 +807,7 @@ class Reconciler:
 
             alt = fallback_target(spec, target, topology, desired, plan_for_spec, bool(self.compute_domains))
             if alt is not None:
+                alt = self._with_policy(alt)
                 fit = len(outcome.placement.placed)
                 self.plans[common["uid"]] = (plan_key(spec, topology), alt.plan)
                 self.plan_specs[common["uid"]] = spec_key(spec)
@@ -811,6 +820,15 @@ class Reconciler:
                 log.info("%s/%s: %s", common["namespace"], common["name"], message)
                 outcome.events.append(("Normal", "PlanMovedProduct", message))
         return outcome
+
+    def _with_policy(self, target: Any) -> Any:
+        """The target's pods run as the admin's engine ServiceAccount (enginePolicy.serviceAccountName)."""
+        import dataclasses
+
+        sa = getattr(self.engine_policy, "service_account_name", None)
+        if not sa or target.pods.service_account == sa:
+            return target
+        return dataclasses.replace(target, pods=dataclasses.replace(target.pods, service_account=sa))
 
     def _plan(self, uid: str, spec: Any, topology: Topology, stored: str | None = None,
               previous_plan: Mapping[str, Any] | None = None) -> Any:
@@ -885,6 +903,12 @@ class Reconciler:
             await kube_post(self.kube, f"/api/v1/namespaces/{meta.get('namespace')}/events", event)
         except ApiError as exc:      # events are best effort
             log.debug("event not posted: %s", exc)
+
+
+def _load_policy() -> Any:
+    from meshplan.controller.settings import load_engine_policy
+
+    return load_engine_policy()
 
 
 async def kube_post(kube: Kube, path: str, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,10 @@ Why each one (docs/reliability.md, "Known kopf pitfalls")
   LISTs objects itself) ask `outranked` first, reading kopf's peering object.
 - Errors: a handler that fails unexpectedly is retried with a growing delay
   (1 s, 2 s, 5 s, 10 s, 30 s, then every 60 s), never dropped.
+- Engine-pod policy (`load_engine_policy`): the cluster admin's `enginePolicy` chart values
+  (allowed images per engine, env valueFrom, engine pods' ServiceAccount), passed by the chart as
+  the JSON env MESHPLAN_ENGINE_POLICY; unset -> the chart's defaults (meshplan.api.policy). A value
+  the operator cannot read stops it at start with the key named (never a silently wider policy).
 """
 
 from __future__ import annotations
@@ -108,6 +112,24 @@ class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
             if key in body.metadata.annotations:
                 patch.metadata.annotations[key] = None
         self._store_marker(prefix=self.prefix, patch=patch, body=body)
+
+
+def load_engine_policy(environ: Mapping[str, str] | None = None) -> Any:
+    """The admin's EnginePolicy from $MESHPLAN_ENGINE_POLICY (JSON of the chart's enginePolicy)."""
+    import os
+
+    from meshplan.api.policy import POLICY_ENV, EnginePolicy
+
+    raw = (os.environ if environ is None else environ).get(POLICY_ENV, "").strip()
+    if not raw:
+        return EnginePolicy()
+    try:
+        values = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"${POLICY_ENV} is not JSON ({exc}); it holds the chart's enginePolicy values") from exc
+    if not isinstance(values, dict):
+        raise ValueError(f"${POLICY_ENV} must be a JSON object (the chart's enginePolicy values)")
+    return EnginePolicy.from_values(values)
 
 
 def outranked(peers: Mapping[str, Any], priority: int, now: datetime.datetime) -> bool:

@@ -125,6 +125,13 @@ class Rendered:
         return out
 
 
+# Bumped when the renderer changes an immutable pod field for every deployment (2: no SA token,
+# seccomp/allowPrivilegeEscalation, `$$` escaping, TRT-LLM argv; issue #17): the new hash makes the
+# controller replace running groups by its rolling update (one at a time, surge first) instead of
+# deleting every pod whose re-apply the API server refuses as an immutable change.
+POD_TEMPLATE_VERSION = 2
+
+
 def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOptions, pods: PodOptions,
               gpus_per_pod: int, pods_per_replica: int) -> str:
     """10 hex chars over everything that shapes the pods except their nodes."""
@@ -136,6 +143,7 @@ def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOpt
         return {k: v for k, v in dataclasses.asdict(obj).items() if not (k in added and v == added[k])}
 
     doc = {
+        "pod_template": POD_TEMPLATE_VERSION,
         "layout": dataclasses.asdict(candidate.layout),
         "weight_dtype": candidate.weight_dtype, "kv_dtype": candidate.kv_dtype,
         "chunk_size": candidate.chunk_size, "max_num_seqs": candidate.max_num_seqs,
@@ -202,7 +210,10 @@ def render_group(
     if pods.weights_secret:
         secret_env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": pods.weights_secret[0], "key": pods.weights_secret[1]}}})
-    shared_env = _merge_env(nccl.env, secret_env, pods.weights_env, pods.env)
+    # MESHPLAN_* are the operator's bootstrap variables (the API refuses them in spec env; dropped
+    # here too, so that no user layer can override them).
+    shared_env = [e for e in _merge_env(nccl.env, secret_env, pods.weights_env, pods.env)
+                  if not str(e.get("name", "")).upper().startswith("MESHPLAN_")]
     env_names = tuple(e["name"] for e in shared_env)
 
     image = pods.image or DEFAULT_IMAGES[serving.engine]

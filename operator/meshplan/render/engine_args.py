@@ -23,7 +23,9 @@ Multi-node bootstrap (one pod per node slice; rank 0 is the leader, reachable as
   run `sshd` on port 2222, the leader runs `mpirun -H pod0:g,pod1:g ...
   trtllm-llmapi-launch trtllm-serve ...` and forwards the environment with `-x`.
   The image must ship OpenMPI and sshd with a shared key (the stock
-  tensorrt-llm release image ships both; keys are the cluster's business).
+  tensorrt-llm release image ships both; keys are the cluster's business). The leader's
+  `/bin/sh -c` script only writes the LLM-API options file and `exec "$@"`s the command line,
+  which follows it as arguments: no user value is ever shell text.
 
 extraArgs: flags are compared by normalised name (`--max_num_seqs` ==
 `--max-num-seqs`, vLLM's `-tp` == `--tensor-parallel-size`). Plan-owned flags
@@ -35,7 +37,6 @@ value and reported.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -58,6 +59,7 @@ SGLANG_DIST_PORT = 5000       # port used in SGLang's multi-node docs (--dist-in
 TRTLLM_SSH_PORT = 2222
 HEALTH_PATH = "/health"       # vLLM, SGLang and trtllm-serve all serve GET /health
 TRTLLM_OPTIONS_PATH = "/tmp/meshplan-llm-api-options.yaml"
+TRTLLM_SCRIPT_NAME = "meshplan-trtllm"   # $0 of the leader's `sh -c` script
 
 # Engine default memory fraction meshplan renders when the plan gives none: 0.9
 # (vLLM --gpu-memory-utilization default; the planner's memory_fit default, which
@@ -81,6 +83,7 @@ _BOOTSTRAP = {
     "nnodes", "node-rank", "master-addr", "master-port", "headless", "data-parallel-size-local",
     "data-parallel-start-rank", "data-parallel-address", "data-parallel-rpc-port", "dist-init-addr",
     "host", "port", "distributed-executor-backend", "extra-llm-api-options", "backend",
+    "served-model-name",   # spec.model.servedName owns it (immutable); the API refuses it in extraArgs
 }
 _SHORT_ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size",
                   "ep": "enable-expert-parallel"}
@@ -436,6 +439,9 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
                                    f"({role.gpus_per_pod} ranks each), environment forwarded with -x",
                                    "TensorRT-LLM/Dynamo multi-node examples"))
     text = yaml.safe_dump(options, sort_keys=True).strip()
-    script = f"cat > {TRTLLM_OPTIONS_PATH} <<'EOF'\n{text}\nEOF\nexec {shlex.join(serve)}\n"
-    return EngineCommand(("/bin/sh", "-c"), (script,), serves_http, tuple([("http", serving.port)] + ports),
-                         tuple(explain))
+    # The script holds only what the operator wrote (the LLM-API options, from the plan); the command
+    # line, which carries user values (model, extraArgs), follows as the script's own arguments and
+    # is run with `exec "$@"`: sh never parses a user value (issue #17, shell injection).
+    script = f"cat > {TRTLLM_OPTIONS_PATH} <<'EOF'\n{text}\nEOF\nexec \"$@\"\n"
+    return EngineCommand(("/bin/sh", "-c"), (script, TRTLLM_SCRIPT_NAME, *serve), serves_http,
+                         tuple([("http", serving.port)] + ports), tuple(explain))

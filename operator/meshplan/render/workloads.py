@@ -103,6 +103,15 @@ def node_affinity(match_labels: Sequence[tuple[str, str]], product: str, node_ho
     return {"nodeAffinity": aff}
 
 
+def escape_kubelet_refs(value: str) -> str:
+    """`$` -> `$$`: the kubelet expands `$(VAR)` in a container's command and args with the
+    container's environment (Kubernetes docs, "Define a command and arguments for a container":
+    `$$(VAR)` stays literal, and `$$` becomes `$`), so a user value such as `$(HF_TOKEN)` in extraArgs
+    would otherwise put a Secret's value on the command line. Escaping every `$` gives the process
+    exactly the strings meshplan rendered."""
+    return value.replace("$", "$$")
+
+
 def _probe(port_name: str, period: int, failures: int) -> dict[str, Any]:
     return {"httpGet": {"path": "/health", "port": port_name}, "periodSeconds": period,
             "timeoutSeconds": PROBE_TIMEOUT_S, "failureThreshold": failures}
@@ -136,12 +145,18 @@ def engine_pod(
     container: dict[str, Any] = {
         "name": "engine",
         "image": image,
-        "command": list(command),
-        "args": list(args),
+        "command": [escape_kubelet_refs(c) for c in command],
+        "args": [escape_kubelet_refs(a) for a in args],
         "env": [dict(e) for e in env],
         "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports],
         "resources": {"limits": {gpu_resource: str(gpus)}},   # the node's device plugin resource
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *(dict(m) for m in volume_mounts)],
+        # Pod Security Standard `baseline` holds (no privileged, host namespaces, hostPath, host ports
+        # or added capabilities); these two restricted-profile controls hold for every engine too.
+        # Not runAsNonRoot / capabilities drop ALL: the stock engine images run as root (vLLM and
+        # SGLang write their caches under /root; TensorRT-LLM workers run sshd, which needs its
+        # capabilities, and the leader runs `mpirun --allow-run-as-root`): docs/security.md.
+        "securityContext": {"allowPrivilegeEscalation": False},
     }
     if serves_http:
         container["startupProbe"] = _probe("http", STARTUP_PERIOD_S, STARTUP_FAILURES)
@@ -152,6 +167,9 @@ def engine_pod(
         "subdomain": subdomain,
         "restartPolicy": "Always",
         "enableServiceLinks": False,
+        # Engines never call the Kubernetes API: no ServiceAccount token in the pod (issue #17).
+        "automountServiceAccountToken": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "terminationGracePeriodSeconds": 60,
         "affinity": dict(affinity),
         "tolerations": [dict(t) for t in tolerations],
