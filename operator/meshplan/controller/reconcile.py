@@ -111,11 +111,9 @@ def labels_can_carry(name: str) -> bool:
     API server admits custom resource names up to 253 characters with dots; a longer label value
     makes even the LIST of children fail, so this is checked before listing (the parse in `_decide`
     then reports the same rule of `api.models.LLMDeployment` as InvalidSpec naming metadata.name)."""
-    import re
+    from meshplan.api.models import DNS_LABEL_RE, rx
 
-    from meshplan.api.models import DNS_LABEL_RE
-
-    return len(name) <= 63 and bool(re.match(DNS_LABEL_RE, name))
+    return len(name) <= 63 and bool(rx(DNS_LABEL_RE).match(name))
 
 
 # Label syntax (k8s.io/apimachinery validation: IsQualifiedName for keys, IsValidLabelValue for values).
