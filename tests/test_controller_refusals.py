@@ -37,16 +37,22 @@ class FakeApiServer:
 
     def __init__(self, body: dict) -> None:
         self.body = body
+        self.bodies = {body["metadata"]["name"]: body}
         self.objects: dict[tuple[str, str], dict] = {}
         self.refuse: tuple[int, str] | None = None
         self.events: list[dict] = []
         self.pod_attempts = 0
 
     async def get(self, api_version, kind, namespace, name):
-        return copy.deepcopy(self.body)
+        if kind == "LLMDeployment":
+            return copy.deepcopy(self.bodies[name])
+        o = self.objects.get((kind, name))
+        return copy.deepcopy(o) if o is not None else None
 
     async def list(self, api_version, kind, namespace, selector=None):
-        return [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == kind]
+        key, _, value = (selector or "=").partition("=")
+        return [copy.deepcopy(o) for (k, _), o in self.objects.items()
+                if k == kind and (not selector or (o["metadata"].get("labels") or {}).get(key) == value)]
 
     async def crd_exists(self, name):
         return False
@@ -65,24 +71,30 @@ class FakeApiServer:
         return self.objects.pop((kind, name), None) is not None
 
     async def patch_status(self, api_version, kind, namespace, name, status, resource_version=None):
-        self.body.setdefault("status", {}).update(copy.deepcopy(status))
-        return self.body
+        self.bodies[name].setdefault("status", {}).update(copy.deepcopy(status))
+        return self.bodies[name]
 
     async def request(self, method, path, **kw):
         if path.endswith("/events"):
             self.events.append(kw.get("body"))
         elif method == "PATCH":
-            self.body["metadata"].setdefault("annotations", {}).update(kw["body"]["metadata"]["annotations"])
+            name = path.rsplit("/", 1)[-1]
+            self.bodies[name]["metadata"].setdefault("annotations", {}).update(kw["body"]["metadata"]["annotations"])
         return {}
 
 
-def _setup():
+def _manifest(name: str = "llama", uid: str = "u-1") -> dict:
     m = yaml.safe_load(open("examples/llama-3.1-70b-hgx-h100.yaml"))
-    m["metadata"].update(name="llama", namespace="ns", uid="u-1", generation=1)
+    m["metadata"].update(name=name, namespace="ns", uid=uid, generation=1)
     m["spec"].pop("slo")
     m["spec"]["autoscaling"] = {"enabled": False}
     m["spec"]["replicas"] = 1
     m["spec"]["parallelism"]["tensor"] = 8
+    return m
+
+
+def _setup():
+    m = _manifest()
     infos = [node_info(n, ready_if_unknown=True) for n in fleet_nodes(load_fleet("hgx-h100"))]
     api = FakeApiServer(m)
     now = [1000.0]
@@ -131,10 +143,10 @@ def test_a_refused_create_is_placed_false_with_the_api_servers_reason_and_backs_
 
 
 def test_refusals_are_classified_by_the_api_servers_text():
-    assert classify_refusal(403, PSA) == "PodSecurityRefused"
-    assert classify_refusal(403, QUOTA) == "QuotaExceeded"
-    assert classify_refusal(403, TERMINATING) == "NamespaceTerminating"
-    assert classify_refusal(403, 'pods is forbidden: User "x" cannot create resource "pods"') == "CreateForbidden"
+    assert classify_refusal(403, PSA)[0] == "PodSecurityRefused"
+    assert classify_refusal(403, QUOTA)[0] == "QuotaExceeded"
+    assert classify_refusal(403, TERMINATING)[0] == "NamespaceTerminating"
+    assert classify_refusal(403, 'pods is forbidden: User "x" cannot create resource "pods"')[0] == "CreateForbidden"
     assert classify_refusal(503, "the server is currently unable to handle the request") is None
     assert classify_refusal(500, "etcdserver: request timed out") is None
 
@@ -152,3 +164,34 @@ def test_an_outage_is_one_line_per_change_with_growing_delays(caplog):
     lines = [r for r in caplog.records if r.levelno >= logging.INFO]
     assert [r.levelname for r in lines] == ["WARNING", "WARNING", "INFO"]
     assert not any(r.exc_info for r in caplog.records), "an expected failure logs no traceback"
+
+
+def _placed_of(api, name):
+    return next(c for c in api.bodies[name]["status"]["conditions"] if c["type"] == "Placed")
+
+
+def test_a_child_name_taken_by_another_deployment_is_never_adopted():
+    """Issue 17, finding 6: deployments `foo` and `foo-r0` both claimed Service `foo-r0` (foo's replica 0
+    headless Service, foo-r0's client Service); owner and selector flipped at every resync."""
+    api, rec, now = _setup()
+    api.bodies.clear()
+    api.bodies["foo"] = _manifest("foo", "uid-foo")
+    api.bodies["foo-r0"] = _manifest("foo-r0", "uid-foo-r0")
+    asyncio.run(rec.reconcile("ns", "foo"))
+    svc = api.objects[("Service", "foo-r0")]
+    assert svc["metadata"]["ownerReferences"][0]["uid"] == "uid-foo"
+    selector = copy.deepcopy(svc["spec"]["selector"])
+    for _ in range(3):                       # resyncs of both
+        asyncio.run(rec.reconcile("ns", "foo-r0"))
+        now[0] += 400
+        asyncio.run(rec.reconcile("ns", "foo"))
+    svc = api.objects[("Service", "foo-r0")]
+    assert svc["metadata"]["ownerReferences"][0]["uid"] == "uid-foo" and svc["spec"]["selector"] == selector
+    placed = _placed_of(api, "foo-r0")
+    assert (placed["status"], placed["reason"]) == ("False", "NameCollision"), placed
+    assert 'Service "foo-r0" already exists, owned by LLMDeployment foo' in placed["message"]
+    assert "foo-r0" in placed["message"]
+    assert _placed_of(api, "foo")["status"] == "True"
+    # foo-r0 created nothing that could serve under a taken name
+    assert not [o for (k, _), o in api.objects.items()
+                if k == "Pod" and o["metadata"]["labels"].get("meshplan.dev/deployment") == "foo-r0"]

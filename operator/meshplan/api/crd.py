@@ -75,6 +75,48 @@ class SchemaError(ValueError):
     """The models produced a schema the CRD cannot express."""
 
 
+def go_pattern(pattern: str) -> str:
+    """`pattern` (as pydantic-core's Rust regex reads it) for the API server's Go RE2, same meaning.
+
+    Rust's `\\s`/`\\S` are Unicode White_Space and its complement; RE2's are ASCII
+    [\\t\\n\\f\\r ]: written out as the explicit class (`models.WHITE_SPACE`, as RE2 `\\x{..}`
+    escapes). `\\d`, `\\w`, `\\b` (Unicode in Rust, ASCII in RE2) are refused: spell the class out."""
+    from meshplan.api.models import WHITE_SPACE
+
+    points, runs = sorted({ord(c) for c in WHITE_SPACE}), []
+    for cp in points:                         # consecutive code points as ranges: \x{9}-\x{d}
+        if runs and runs[-1][1] == cp - 1:
+            runs[-1][1] = cp
+        else:
+            runs.append([cp, cp])
+    ws = "".join(f"\\x{{{a:x}}}" + (f"-\\x{{{b:x}}}" if b > a else "") for a, b in runs)
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            e = pattern[i + 1]
+            if e in "dDwWbB":
+                raise SchemaError(f"pattern {pattern!r}: \\{e} means different things in Rust and RE2; "
+                                  "spell the class out")
+            if e == "s":
+                out.append(ws if in_class else f"[{ws}]")
+            elif e == "S":
+                if in_class:
+                    raise SchemaError(f"pattern {pattern!r}: \\S inside a class has no RE2 equivalent")
+                out.append(f"[^{ws}]")
+            else:
+                out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+        elif c == "]" and in_class:
+            in_class = False
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def _resolve(ref: str, defs: dict[str, Any]) -> dict[str, Any]:
     prefix = "#/$defs/"
     if not ref.startswith(prefix):
@@ -143,6 +185,9 @@ def _convert(node: Any, defs: dict[str, Any]) -> Any:
             bound = "minimum" if key == "exclusiveMinimum" else "maximum"
             out[bound] = value
             out[key] = True
+            continue
+        if key == "pattern" and isinstance(value, str):
+            out[key] = go_pattern(value)
             continue
         if key == "properties":
             out[key] = {name: _convert(sub, defs) for name, sub in value.items()}

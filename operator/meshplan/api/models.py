@@ -46,6 +46,7 @@ size bound so the API server's CEL cost estimator accepts the rules.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -195,6 +196,37 @@ URI_BUCKET_RE = r"^(s3|gs)://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[^?#]*)?$"
 # or node's own files.
 FILE_URI_PREFIXES = ("/models/", "/mnt/models/")
 URI_FILE_RE = r"^file://(" + "|".join(p.rstrip("/") for p in FILE_URI_PREFIXES) + r")/[A-Za-z0-9._/-]+$"
+
+# One pattern, three regex engines (issue 17, finding 10: a vertical tab passed `kubectl apply` and
+# failed the operator). pydantic-core checks `pattern` with Rust's regex crate, where `\s` is Unicode
+# White_Space; the API server checks the CRD's `pattern` and CEL `matches()` with Go's RE2, where `\s`
+# is only [\t\n\f\r ] (no \v, no NBSP, ...); and Python's `re` (the rules' lambdas below) lets `$` match
+# before a trailing newline, unlike both. So: the CRD generator writes `\s` as the explicit Unicode
+# White_Space class (`crd.go_pattern`), and Python code compiles patterns through `rx`, which reads `$`
+# as the end of the text. tests/test_api_patterns.py checks the three agree on tricky strings.
+# Unicode White_Space (unicode.org/Public/UCD/latest/ucd/PropList.txt), what Rust's `\s` matches.
+WHITE_SPACE = ("\t", "\n", "\v", "\f", "\r", " ", "\x85", "\xa0", "\u1680", *map(chr, range(0x2000, 0x200B)),
+               "\u2028", "\u2029", "\u202f", "\u205f", "\u3000")
+
+
+@functools.lru_cache(maxsize=256)
+def rx(pattern: str) -> re.Pattern:
+    """`pattern` compiled for Python's `re` with RE2/Rust semantics for `$` (end of text only)."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+        elif c == "]" and in_class:
+            in_class = False
+        out.append(r"\Z" if c == "$" and not in_class else c)
+        i += 1
+    return re.compile("".join(out))
+
 
 DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Label syntax of k8s.io/apimachinery/pkg/util/validation (IsQualifiedName for keys: an optional DNS-subdomain
@@ -580,7 +612,7 @@ class Weights(ApiModel):
             "spec.model.weights.uri must not contain user:password@ credentials; put them in a Secret and set "
             "spec.model.weights.credentialsSecretRef",
             ".uri",
-            lambda w: w.uri is None or not re.search(URI_USERINFO_RE, w.uri),
+            lambda w: w.uri is None or not rx(URI_USERINFO_RE).search(w.uri),
             "FieldValueForbidden",
         ),
         Rule(
@@ -588,7 +620,7 @@ class Weights(ApiModel):
             "spec.model.weights.uri must not carry a token or signature query parameter; put the credential in a "
             "Secret and set spec.model.weights.credentialsSecretRef",
             ".uri",
-            lambda w: w.uri is None or not re.search(URI_TOKEN_QUERY_RE, w.uri),
+            lambda w: w.uri is None or not rx(URI_TOKEN_QUERY_RE).search(w.uri),
             "FieldValueForbidden",
         ),
         Rule(
@@ -790,7 +822,7 @@ class EnvVar(ApiModel):
             "env: a variable whose name marks a secret (TOKEN, SECRET, PASSWORD, API_KEY, ...) must use "
             "valueFrom.secretKeyRef, not an inline value",
             ".value",
-            lambda e: e.value is None or not re.search(SECRET_ENV_RE, e.name.upper()),
+            lambda e: e.value is None or not rx(SECRET_ENV_RE).search(e.name.upper()),
             "FieldValueForbidden",
         ),
         Rule(
@@ -917,8 +949,8 @@ class EngineSpec(ApiModel):
 
     def plan_owned_extra_args(self) -> list[str]:
         """extraArgs entries that set a flag the plan owns."""
-        rx = re.compile(PLAN_OWNED_FLAG_RE)
-        return [a for a in self.extra_args if rx.match(a)]
+        owned = rx(PLAN_OWNED_FLAG_RE)
+        return [a for a in self.extra_args if owned.match(a)]
 
 
 # ------------------------------------------------------------------ workload / SLO
@@ -1502,7 +1534,7 @@ class LLMDeployment(ApiModel):
     @classmethod
     def _metadata_name(cls, v: dict[str, Any]) -> dict[str, Any]:
         name = v.get("name")
-        if name is not None and (not isinstance(name, str) or len(name) > 63 or not re.match(DNS_LABEL_RE, name)):
+        if name is not None and (not isinstance(name, str) or len(name) > 63 or not rx(DNS_LABEL_RE).match(name)):
             raise ValueError(
                 f"metadata.name {name!r} must be a DNS label (lowercase letters, digits, '-', at most 63 characters): "
                 "it names the replica Services"

@@ -87,10 +87,12 @@ def load_gpu_catalog_arg(path: str | None, prog: str) -> bool:
 
 
 def _read_manifest(path: str) -> dict[str, Any]:
-    import yaml
+    from meshplan import kubeyaml
 
     text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    docs = [d for d in yaml.safe_load_all(text) if d]
+    # As kubectl reads it (YAML 1.1 numbers and booleans of go-yaml v2, aliases bounded): what is
+    # planned here is what `kubectl apply` would send (meshplan.kubeyaml).
+    docs = [d for d in kubeyaml.load_all(text) if d]
     for d in docs:
         if isinstance(d, dict) and d.get("kind") == "LLMDeployment":
             return d

@@ -120,11 +120,9 @@ def labels_can_carry(name: str) -> bool:
     API server admits custom resource names up to 253 characters with dots; a longer label value
     makes even the LIST of children fail, so this is checked before listing (the parse in `_decide`
     then reports the same rule of `api.models.LLMDeployment` as InvalidSpec naming metadata.name)."""
-    import re
+    from meshplan.api.models import DNS_LABEL_RE, rx
 
-    from meshplan.api.models import DNS_LABEL_RE
-
-    return len(name) <= 63 and bool(re.match(DNS_LABEL_RE, name))
+    return len(name) <= 63 and bool(rx(DNS_LABEL_RE).match(name))
 
 
 def node_selector_problems(selector: Mapping[str, str]) -> list[str]:
@@ -324,33 +322,38 @@ def restored_reason(plan: Any, previous_plan: Mapping[str, Any] | None) -> str:
 REFUSAL_BACKOFF_S = (5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0)
 
 
-def classify_refusal(status: int, message: str) -> str | None:
-    """The Placed=False reason for a create the API server refused, or None when it is not a refusal
-    the spec's author or the namespace's admin must act on (transient: 5xx, 429, conflicts)."""
+def classify_refusal(status: int, message: str, reason: str = "") -> tuple[str, str] | None:
+    """(Placed=False reason, what to do) for a create the API server refused, or None when it is not a
+    refusal the spec's author or the namespace's admin must act on (transient: 5xx, 429, conflicts)."""
     text = message or ""
+    if status == 409 and reason == "NameCollision":
+        return "NameCollision", (
+            "Two LLMDeployments claim one name: the children of NAME are named NAME, NAME-r<i> and "
+            "NAME-r<i>-<rank>, so a deployment named like another's replica Service collides with it. The "
+            "existing object is left to its owner; rename one of the two")
     if status == 403:
         if "violates PodSecurity" in text:
-            return "PodSecurityRefused"
+            return "PodSecurityRefused", (
+                "The namespace's Pod Security admission refuses it (the engine pods pass the `baseline` level, "
+                "not `restricted`: docs/security.md); label the namespace pod-security.kubernetes.io/enforce="
+                "baseline or run it elsewhere")
         if "exceeded quota" in text:
-            return "QuotaExceeded"
+            return "QuotaExceeded", ("A ResourceQuota of the namespace is exhausted; raise it, free GPUs in the "
+                                     "namespace, or lower spec.replicas")
         if "being terminated" in text or "is terminating" in text:
-            return "NamespaceTerminating"
-        return "CreateForbidden"
+            return "NamespaceTerminating", "The namespace is being deleted"
+        return "CreateForbidden", "The operator may not create it here (RBAC or an admission policy)"
     if status == 404 and "namespaces" in text and "not found" in text:
-        return "NamespaceTerminating"
+        return "NamespaceTerminating", "The namespace is gone"
     return None
 
 
-def refusal_message(reason: str, kind: str, name: str, status: int, api_message: str, retry_s: float,
+def refusal_message(reason: str, hint: str, kind: str, name: str, status: int, api_message: str, retry_s: float,
                     attempts: int) -> str:
-    what = {"PodSecurityRefused": "The namespace's Pod Security admission refuses it (the engine pods pass the "
-                                  "`baseline` level, not `restricted`: docs/security.md); label the namespace "
-                                  "pod-security.kubernetes.io/enforce=baseline or run it elsewhere",
-            "QuotaExceeded": "A ResourceQuota of the namespace is exhausted; raise it, free GPUs in the namespace, "
-                             "or lower spec.replicas",
-            "NamespaceTerminating": "The namespace is being deleted",
-            "CreateForbidden": "The operator may not create it here (RBAC or an admission policy)"}.get(reason, "")
-    return (f"the API server refused to create {kind} {name} (HTTP {status}): {api_message[:700]}. {what}. "
+    if reason == "NameCollision":
+        return (f"cannot create {kind} {name}: {api_message[:700]}. {hint}. Retrying in {retry_s:.0f}s "
+                f"(attempt {attempts})")[:2000]
+    return (f"the API server refused to create {kind} {name} (HTTP {status}): {api_message[:700]}. {hint}. "
             f"Retrying in {retry_s:.0f}s (attempt {attempts})")[:2000]
 
 
@@ -622,15 +625,19 @@ class Reconciler:
         applies = list(outcome.apply) if refused is None and not holding else []
         for i, (desired, live) in enumerate(applies):
             try:
+                if live is None and desired.get("kind") == "Service":
+                    taken = await _taken_by_another(kube, desired, uid)
+                    if taken is not None:
+                        raise ApiError(409, "NameCollision", taken)
                 await applier.apply(kube, desired, live)
             except applier.ImmutableFieldChanged as exc:
                 log.warning("replacing %s: %s", desired["metadata"]["name"], exc)
                 await kube.delete(desired["apiVersion"], desired["kind"], namespace, desired["metadata"]["name"],
                                   uid=(live or {}).get("metadata", {}).get("uid"))
             except ApiError as exc:
-                reason = classify_refusal(exc.status, exc.message) if live is None else None
-                if reason is not None:
-                    new_refusal = (reason, desired, exc)
+                kind = classify_refusal(exc.status, exc.message, exc.reason) if live is None else None
+                if kind is not None:
+                    new_refusal = (kind, desired, exc)
                     # the pods not created hold no GPUs: stop charging their reservations
                     self.world.reserve(namespace, name, [], [d["metadata"]["name"] for d, lv in applies[i:]
                                                              if d.get("kind") == "Pod" and lv is None])
@@ -647,11 +654,11 @@ class Reconciler:
                 self.refusals[uid] = (generation, refused)
                 break
         if new_refusal is not None:
-            reason, desired, exc = new_refusal
+            (reason, hint), desired, exc = new_refusal
             attempts = (wr.attempts + 1) if wr is not None and wr.reason == reason else 1
             delay = REFUSAL_BACKOFF_S[min(attempts, len(REFUSAL_BACKOFF_S)) - 1]
             sig = refusal_signature(reason, exc.message)
-            message = refusal_message(reason, desired["kind"], desired["metadata"]["name"], exc.status,
+            message = refusal_message(reason, hint, desired["kind"], desired["metadata"]["name"], exc.status,
                                       exc.message, delay, attempts)
             if wr is None or wr.signature != sig:
                 log.warning("%s/%s: %s", namespace, name, message)      # one line per change, no traceback
@@ -913,6 +920,24 @@ def _load_policy() -> Any:
 
 async def kube_post(kube: Kube, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
     return await kube.request("POST", path, body=body)
+
+
+async def _taken_by_another(kube: Kube, desired: Mapping[str, Any], uid: str) -> str | None:
+    """Why the name of a child about to be created belongs to another object (issue 17, finding 6:
+    deployments `foo` and `foo-r0` both claimed Service `foo-r0`, and server-side apply with force
+    made owner and selector flip at every resync), or None when it is free or already ours. A child
+    owned by anything else is never adopted or overwritten."""
+    meta = desired.get("metadata") or {}
+    live = await kube.get(desired.get("apiVersion", "v1"), desired["kind"], meta.get("namespace"), meta["name"])
+    if live is None or _owned_by(live, uid):
+        return None
+    refs = (live.get("metadata") or {}).get("ownerReferences") or []
+    ctl = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+    owner = f"{ctl.get('kind', '?')} {ctl.get('name', '?')}" if ctl else "no owner (created by someone else)"
+    labels = (live.get("metadata") or {}).get("labels") or {}
+    dep = labels.get(LABEL_DEPLOYMENT)
+    return (f'{desired["kind"]} "{meta["name"]}" already exists, owned by {owner}'
+            + (f" (LLMDeployment {dep})" if dep and (not ctl or ctl.get("name") != dep) else ""))
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
