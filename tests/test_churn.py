@@ -128,6 +128,23 @@ def test_no_room_for_a_replacement_keeps_the_group_serving_and_says_so(monkeypat
     assert sim.condition("Degraded")["status"] == "False"
 
 
+
+def test_a_group_on_a_not_ready_node_is_replaced_at_once_not_kept():
+    """A node goes NotReady while its pods still read Ready (the node controller marks them a few
+    seconds later): its kubelet is gone, the group serves nobody, so it is not kept as misplaced
+    but removed whole at once, as before (then re-placed)."""
+    sim, model = Sim("hgx-h100"), llmd("NVIDIA-H100-80GB-HBM3", tensor=8, replicas=1)
+    converge(sim, model)
+    (node,), = _nodes_of_groups(sim).values()
+    _node(sim, node).setdefault("status", {})["conditions"] = [{"type": "Ready", "status": "False"}]
+    out = sim.step(model)
+    assert {d[2] for d in out.delete if d[1] == "Pod"} == {p["metadata"]["name"] for p in sim.pods()}
+    assert not any(e[1] == "ReplicaMoving" for e in out.events)
+    converge(sim, model)
+    (nodes,), = _nodes_of_groups(sim).values()
+    assert node not in nodes and sim.ready_groups() == 1
+
+
 # ----------------------------------------------------------------------------- the node watch
 
 

@@ -596,8 +596,11 @@ def misplaced_groups(current: Mapping[int, LiveGroup], req0: Any, topology: Topo
 
     Pure. `topology` leaves out the deployment's own pods and charges its stale groups; the
     groups are checked in index order, as `place(existing=)` keeps them. Groups that are not
-    ready serve nobody and are not returned (decide replaces them whole at once, rule 3).
+    ready serve nobody and are not returned (decide replaces them whole at once, rule 3); nor are
+    groups with a pod on a node that is not Ready: its kubelet is gone, so the pods' Ready
+    condition is stale until the node controller marks them (seconds), and they serve nobody.
     """
+    lost = {n for n, why in topology.excluded if "Ready" in why}
     order = sorted(current)
     existing = {pos: [n or "" for n in current[i].nodes()] for pos, i in enumerate(order)}
     check = place(dataclasses.replace(req0, replicas=len(order)), topology, existing)
@@ -605,7 +608,8 @@ def misplaced_groups(current: Mapping[int, LiveGroup], req0: Any, topology: Topo
     out: dict[int, str] = {}
     for pos, i in enumerate(order):
         r = check.replica(pos)
-        if (r is None or list(r.nodes) != existing[pos]) and current[i].ready(n_pods):
+        if (r is None or list(r.nodes) != existing[pos]) and current[i].ready(n_pods) \
+                and not lost & set(existing[pos]):
             out[i] = notes.get(pos, "nodes changed")
     return out
 

@@ -185,8 +185,9 @@ class State:
         """A GPU node changed what placement reads (`indexes.on_node_change`): queue the deployments
         placed on it first, then every other one (freed or new capacity, waiting deployments)."""
         affected = indexes.deployments_on(indexes.values(self.pods_index, indexes.USAGE_KEY), node)
-        log.info("node %s changed (labels, allocatable GPUs or schedulability): reconciling %d deployment(s) "
-                 "placed on it now, then the others", node, len(affected))
+        log.log(logging.INFO if affected else logging.DEBUG,
+                "node %s changed (labels, allocatable GPUs or schedulability): reconciling %d deployment(s) "
+                "placed on it now, then the others", node, len(affected))
         for key in affected:
             self.enqueue(key, NODE_EVENT_DELAY_S)
         for key in indexes.values(self.llmds_index, indexes.ALL_KEY):
