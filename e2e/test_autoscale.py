@@ -52,17 +52,23 @@ DOWN_WINDOW_S = 20
 INTERVAL_S = 2.5          # controller.autoscaling.evaluation_interval_s(10 s)
 
 
-def _free_port() -> int:
+def _free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports (all bound at once while choosing, so they differ)."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 # The operator queries only the Prometheus endpoints the admin lists (issue 17, finding 2): the ports of
 # the private Prometheus and of the garbage one are chosen up front and allowed by name.
-OWN_PROM_PORT, GARBAGE_PROM_PORT = _free_port(), _free_port()
+OWN_PROM_PORT, GARBAGE_PROM_PORT = _free_ports(2)
 
 
 @pytest.fixture(scope="module")

@@ -220,3 +220,17 @@ def test_a_cr_url_counts_only_as_an_exact_allowed_url() -> None:
     assert isinstance(msg, str) and "spec.autoscaling.prometheusUrl" in msg
     # nothing configured at all: the message says how to get one
     assert "--prometheus-url" in resolve_prometheus(_auto(), {})
+
+
+def test_a_gzipped_answer_is_read_like_prometheus_sends_it() -> None:
+    """Prometheus gzips its answers when the client accepts it (requests does): the bounded reader
+    must decode them (found by e2e/test_autoscale.py against a real Prometheus)."""
+    import gzip
+
+    body = gzip.compress(_vector("0.5"))
+    server = Server(lambda h: _send(h, 200, body, {"Content-Encoding": "gzip", "Content-Type": "application/json"}))
+    try:
+        snap = _fetch(server.url)
+    finally:
+        server.close()
+    assert snap.problem != METRICS_INVALID and snap.ttft_s == 0.5, snap

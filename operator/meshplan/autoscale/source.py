@@ -73,7 +73,9 @@ def _guard_response(timeout_s: float) -> Callable[..., Any]:
         deadline = time.monotonic() + timeout_s
         chunks, size = [], 0
         while True:
-            chunk = response.raw.read1(65536) if hasattr(response.raw, "read1") else response.raw.read(65536)
+            # decoded (Prometheus gzips its answers when asked, and requests asks): the limit is on what is kept
+            chunk = (response.raw.read1(65536, decode_content=True) if hasattr(response.raw, "read1")
+                     else response.raw.read(65536, decode_content=True))
             if not chunk:
                 break
             chunks.append(chunk)
