@@ -33,6 +33,7 @@ GOOD = {
     QUERIES.queue_depth: "3",
     QUERIES.running: "40",
     QUERIES.sample_age_s: "7.5",
+    QUERIES.kv_usage: "0.62",
 }
 
 
@@ -154,11 +155,29 @@ def test_http_error(prom: FakePrometheus) -> None:
     assert "rejected" in snap.error
 
 
-def test_empty_result_for_a_gauge(prom: FakePrometheus) -> None:
+def test_empty_result_for_a_gauge_is_a_missing_signal_not_a_failure(prom: FakePrometheus) -> None:
+    # (was: the whole snapshot refused as MetricsUnavailable; issue 15 item 4)
     prom.values[QUERIES.queue_depth] = None
     snap = source(prom.url).fetch(QUERIES)
+    assert snap.ok and snap.problem == ""
+    assert snap.queue_depth is None and snap.running == 40.0 and snap.ttft_s == 0.42
+    assert snap.missing == ("queue_depth (no series of vllm:num_requests_waiting)",)
+
+
+def test_missing_request_counter_keeps_the_latencies(prom: FakePrometheus) -> None:
+    prom.values[QUERIES.request_rate_per_s] = None
+    snap = source(prom.url).fetch(QUERIES)
+    assert snap.ok
+    assert (snap.ttft_s, snap.itl_s, snap.kv_usage) == (0.42, 0.031, 0.62)
+    assert snap.missing == ("request_rate_per_s (no series of vllm:request_success_total)",)
+
+
+def test_no_series_at_all_is_unavailable(prom: FakePrometheus) -> None:
+    for q in list(prom.values):
+        prom.values[q] = None
+    snap = source(prom.url).fetch(QUERIES)
     assert not snap.ok and snap.problem == METRICS_UNAVAILABLE
-    assert "queue_depth" in snap.error and "vllm:num_requests_waiting" in snap.error
+    assert "sample_age_s" in snap.error and "vllm:num_requests_running" in snap.error
 
 
 @pytest.mark.parametrize(
