@@ -7,6 +7,7 @@ The fake answers with the JSON shape of the Prometheus HTTP API
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import socket
@@ -44,6 +45,7 @@ class FakePrometheus:
         self.status = 200
         self.delay_s = 0.0
         self.seen: list[dict[str, list[str]]] = []
+        self.gzip_when_accepted = False
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -74,6 +76,11 @@ class FakePrometheus:
                     ).encode()
                 self.send_response(fake.status)
                 self.send_header("Content-Type", "application/json")
+                # As Prometheus' HTTP API does: gzip when the client accepts it
+                # (prometheus/common route.go / web/api compression handler).
+                if fake.gzip_when_accepted and "gzip" in self.headers.get("Accept-Encoding", ""):
+                    body = gzip.compress(body)
+                    self.send_header("Content-Encoding", "gzip")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -217,3 +224,11 @@ def test_explicit_eval_time_is_sent(prom: FakePrometheus) -> None:
     assert snap.sample_time == NOW - 30
     assert {p["time"][0] for p in prom.seen} == {f"{NOW - 30:.3f}"}
 
+
+
+def test_a_prometheus_that_gzips_when_accepted_is_read(prom: FakePrometheus) -> None:
+    # (was: the bounded raw read got gzip bytes and reported "invalid JSON" for a real Prometheus)
+    prom.gzip_when_accepted = True
+    snap = source(prom.url).fetch(QUERIES)
+    assert snap.ok, snap.error
+    assert (snap.ttft_s, snap.running) == (0.42, 40.0)

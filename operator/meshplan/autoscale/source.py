@@ -120,6 +120,11 @@ class PrometheusSource:
         session = requests.Session()
         session.max_redirects = 0              # belt and braces: the hook refuses any 3xx first
         session.trust_env = False              # no proxy or netrc from the operator's environment
+        # The hook reads the raw body; Prometheus gzips its answers when the client accepts gzip
+        # (requests asks for it by default), and raw bytes are not decoded: a real Prometheus then
+        # read as "invalid JSON". Ask for the identity encoding (also keeps MAX_RESPONSE_BYTES the
+        # size of what is parsed: no decompression bomb).
+        session.headers["Accept-Encoding"] = "identity"
         session.hooks["response"].append(_guard_response(timeout_s))
         self._client = PrometheusConnect(
             url=self.url,
