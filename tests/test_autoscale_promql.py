@@ -100,11 +100,18 @@ def test_queries_are_scoped_and_use_engine_names() -> None:
     assert qs.itl_s.index("vllm:inter_token_latency_seconds_bucket") < qs.itl_s.index(
         "vllm:time_per_output_token_seconds_bucket"
     )
-    assert ") or (" in qs.itl_s
+    # ... per pod, inside the sum: a pod still on the old name is counted next to upgraded ones.
+    assert qs.itl_s == (
+        f"histogram_quantile(0.95, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{sel}[90s]) "
+        f"or on(pod) rate(vllm:time_per_output_token_seconds_bucket{sel}[90s])))"
+    )
     assert qs.request_rate_per_s == f"sum(rate(vllm:request_success_total{sel}[90s]))"
     assert qs.queue_depth == f"sum(vllm:num_requests_waiting{sel})"
     assert qs.running == f"sum(vllm:num_requests_running{sel})"
-    assert qs.sample_age_s == f"time() - max(timestamp(vllm:num_requests_running{sel}))"
+    assert qs.kv_usage == f"max(vllm:kv_cache_usage_perc{sel} or on(pod) vllm:gpu_cache_usage_perc{sel})"
+    # the age is that of the newest scrape of any series a signal reads
+    assert qs.sample_age_s.startswith(f"time() - max(timestamp(vllm:num_requests_running{sel}) or ")
+    assert f"timestamp(vllm:time_to_first_token_seconds_count{sel})" in qs.sample_age_s
     for q in qs.as_dict().values():
         assert q.count(sel) >= 1
 

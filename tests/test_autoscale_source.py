@@ -7,6 +7,7 @@ The fake answers with the JSON shape of the Prometheus HTTP API
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import socket
@@ -33,6 +34,7 @@ GOOD = {
     QUERIES.queue_depth: "3",
     QUERIES.running: "40",
     QUERIES.sample_age_s: "7.5",
+    QUERIES.kv_usage: "0.62",
 }
 
 
@@ -43,6 +45,7 @@ class FakePrometheus:
         self.status = 200
         self.delay_s = 0.0
         self.seen: list[dict[str, list[str]]] = []
+        self.gzip_when_accepted = False
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -73,6 +76,11 @@ class FakePrometheus:
                     ).encode()
                 self.send_response(fake.status)
                 self.send_header("Content-Type", "application/json")
+                # As Prometheus' HTTP API does: gzip when the client accepts it
+                # (prometheus/common route.go / web/api compression handler).
+                if fake.gzip_when_accepted and "gzip" in self.headers.get("Accept-Encoding", ""):
+                    body = gzip.compress(body)
+                    self.send_header("Content-Encoding", "gzip")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -154,11 +162,29 @@ def test_http_error(prom: FakePrometheus) -> None:
     assert "rejected" in snap.error
 
 
-def test_empty_result_for_a_gauge(prom: FakePrometheus) -> None:
+def test_empty_result_for_a_gauge_is_a_missing_signal_not_a_failure(prom: FakePrometheus) -> None:
+    # (was: the whole snapshot refused as MetricsUnavailable; issue 15 item 4)
     prom.values[QUERIES.queue_depth] = None
     snap = source(prom.url).fetch(QUERIES)
+    assert snap.ok and snap.problem == ""
+    assert snap.queue_depth is None and snap.running == 40.0 and snap.ttft_s == 0.42
+    assert snap.missing == ("queue_depth (no series of vllm:num_requests_waiting)",)
+
+
+def test_missing_request_counter_keeps_the_latencies(prom: FakePrometheus) -> None:
+    prom.values[QUERIES.request_rate_per_s] = None
+    snap = source(prom.url).fetch(QUERIES)
+    assert snap.ok
+    assert (snap.ttft_s, snap.itl_s, snap.kv_usage) == (0.42, 0.031, 0.62)
+    assert snap.missing == ("request_rate_per_s (no series of vllm:request_success_total)",)
+
+
+def test_no_series_at_all_is_unavailable(prom: FakePrometheus) -> None:
+    for q in list(prom.values):
+        prom.values[q] = None
+    snap = source(prom.url).fetch(QUERIES)
     assert not snap.ok and snap.problem == METRICS_UNAVAILABLE
-    assert "queue_depth" in snap.error and "vllm:num_requests_waiting" in snap.error
+    assert "sample_age_s" in snap.error and "vllm:num_requests_running" in snap.error
 
 
 @pytest.mark.parametrize(
@@ -198,3 +224,11 @@ def test_explicit_eval_time_is_sent(prom: FakePrometheus) -> None:
     assert snap.sample_time == NOW - 30
     assert {p["time"][0] for p in prom.seen} == {f"{NOW - 30:.3f}"}
 
+
+
+def test_a_prometheus_that_gzips_when_accepted_is_read(prom: FakePrometheus) -> None:
+    # (was: the bounded raw read got gzip bytes and reported "invalid JSON" for a real Prometheus)
+    prom.gzip_when_accepted = True
+    snap = source(prom.url).fetch(QUERIES)
+    assert snap.ok, snap.error
+    assert (snap.ttft_s, snap.running) == (0.42, 40.0)

@@ -123,6 +123,23 @@ def test_queries_are_scoped_to_the_deployment_and_use_the_overrides():
     assert "histogram_quantile(0.95," in q.ttft_s and "[40s]" in q.ttft_s   # p95, 2 x 20 s window
 
 
+def test_every_signal_can_be_renamed_in_the_spec_including_the_request_counter():
+    m = manifest(metrics={"ttftHistogram": "a:ttft", "itlHistogram": "a:itl_bucket", "requestsWaiting": "a:queue",
+                          "requestsRunning": "a:running", "requestsCompleted": "sglang:e2e_request_latency_seconds_count",
+                          "kvCacheUsage": "a:kv"})
+    q = asc.queries_for(spec_of(m), "team-a", "chat")
+    assert "rate(sglang:e2e_request_latency_seconds_count{" in q.request_rate_per_s
+    assert "vllm:request_success_total" not in q.request_rate_per_s
+    assert "a:kv{" in q.kv_usage and "vllm:kv_cache_usage_perc" not in q.kv_usage
+    assert "a:itl_bucket{" in q.itl_s and "a:running{" in q.running and "a:queue{" in q.queue_depth
+
+
+def test_renamed_metrics_are_names_not_promql():
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match="requestsCompleted|requests_completed"):
+        spec_of(manifest(metrics={"requestsCompleted": 'x{a="b"} or vector(1)'}))
+
+
 # ----------------------------------------------------------------------------- capacity
 
 

@@ -1147,6 +1147,15 @@ class MetricNames(ApiModel):
     requests_running: str | None = _str(
         "Gauge of running requests (default per engine, vLLM vllm:num_requests_running).", 200, PROM_METRIC_RE, default=None
     )
+    requests_completed: str | None = _str(
+        "Counter of completed requests, read as a rate (default per engine, vLLM vllm:request_success_total, "
+        "SGLang sglang:num_requests_total; an engine without one can name its end-to-end latency histogram's "
+        "count, e.g. sglang:e2e_request_latency_seconds_count).", 200, PROM_METRIC_RE, default=None,
+    )
+    kv_cache_usage: str | None = _str(
+        "Gauge of KV-cache usage as a fraction 0..1 (default per engine, vLLM vllm:kv_cache_usage_perc, "
+        "SGLang sglang:token_usage, TensorRT-LLM trtllm_kv_cache_utilization).", 200, PROM_METRIC_RE, default=None,
+    )
 
 
 class AutoscalingSpec(ApiModel):
@@ -1481,6 +1490,10 @@ class AutoscalingStatus(ApiModel):
     itl_ratio: float | None = Field(default=None, ge=0, description="Observed ITL / target.")
     request_rate: float | None = Field(default=None, ge=0, description="Observed requests per second.")
     requests_waiting: float | None = Field(default=None, ge=0, description="Observed queued requests.")
+    kv_cache_usage: float | None = Field(default=None, ge=0, description="Observed KV-cache usage of the fullest replica (0..1).")
+    missing_metrics: list[Annotated[str, Field(max_length=1024)]] | None = Field(
+        default=None, max_length=8, description="Signals with no series, each with the metric names tried (ScalingActive=MetricsPartial)."
+    )
     metrics_healthy: bool | None = Field(default=None, description="False when metrics were missing, stale or nonsensical (decision held).")
     # The policy's memory (meshplan.autoscale.policy.AutoscaleState), kept here so that a restarted
     # operator continues the windows and keeps what it learned instead of starting over.

@@ -54,7 +54,10 @@ Rules, in order
 2. Untrusted metrics (`snapshot.assess`: Prometheus down, stale scrapes,
    NaN/Inf/negative, no latency samples while serving) hold the current count,
    reset both windows and set `ScalingActive=False` with the reason. Missing
-   data never scales down, and never to zero.
+   data never scales down, and never to zero. A signal whose query found no
+   series (`snapshot.missing`) degrades alone: the others are used,
+   `ScalingActive=True/MetricsPartial` names it, and there is no scale-down
+   while a signal the scale-down checks read is missing (`_down_blind`).
 3. Scale up when any SLO ratio is above `up_threshold`, or the load needs more
    replicas than there are, continuously for `up_window_s`. Jump straight to
    max(current + 1, replicas the load needs), at most `max_step_up` at once.
@@ -110,7 +113,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from meshplan.autoscale.snapshot import MetricsSnapshot, assess
+from meshplan.autoscale.snapshot import METRICS_PARTIAL, MetricsSnapshot, assess
 from meshplan.planner.types import SLO
 
 # Decision reasons (machine-readable).
@@ -424,8 +427,12 @@ def decide(
     down_headroom = headroom * (1.0 + config.load_down_margin)
     down_replicas = _replicas_for_load(demand * down_headroom, (queue + running) * down_headroom, capacity, learned,
                                        config, no_traffic)
+    # A signal with no series never lets the fleet shrink: scale-down needs every signal its
+    # checks read (each targeted latency, request rate, queue, running); KV usage is not one.
+    blind = _down_blind(snapshot, config)
     down = (
-        current > config.min_replicas
+        not blind
+        and current > config.min_replicas
         and all(r < config.down_threshold for _, r in ratios)
         and (down_replicas is None or down_replicas < current)
         and not (current == 1 and not no_traffic)
@@ -440,7 +447,7 @@ def decide(
     base = replace(state, above_since=above_since, below_since=below_since, learned_rps_per_replica=learned,
                    learned_at=learned_at, breach_peak_rps_per_replica=breach_peak, learned_from_ttft=from_ttft,
                    **burst_memory)
-    active = Condition(COND_SCALING_ACTIVE, "True", REASON_VALID_METRICS, "metrics are fresh and valid")
+    active = _active_condition(snapshot, config)
     signal = _describe(ratios, config, demand, queue, load_replicas, capacity, learned, rise)
     extra = dict(load_replicas=load_replicas, slo_ratios=ratios, demand_rps=demand, inputs=inputs)
     in_cooldown = state.last_change_at is not None and now - state.last_change_at < config.cooldown_s
@@ -508,8 +515,9 @@ def decide(
 def _slo_ratios(s: MetricsSnapshot, c: AutoscaleConfig) -> tuple[tuple[str, float], ...]:
     out = []
     for name, observed, target in (("ttft", s.ttft_s, c.ttft_target_s), ("itl", s.itl_s, c.itl_target_s)):
-        if target is not None:
+        if target is not None and not s.is_missing(f"{name}_s"):
             # assess() guarantees a missing latency only when nothing is being served
+            # (a histogram with no series at all is a missing signal: no ratio, no scale-down)
             out.append((name, 0.0 if observed is None else observed / target))
     return tuple(out)
 
@@ -620,7 +628,42 @@ def _active_or_not(s: MetricsSnapshot, c: AutoscaleConfig, now: float) -> Condit
     problem, why = assess(s, now=now, max_age_s=c.max_metrics_age_s)
     if problem:
         return Condition(COND_SCALING_ACTIVE, "False", problem, why)
-    return Condition(COND_SCALING_ACTIVE, "True", REASON_VALID_METRICS, "metrics are fresh and valid")
+    return _active_condition(s, c)
+
+
+# What the policy does without each signal (docs/autoscaling.md, "When a signal is missing").
+_WITHOUT = {
+    "ttft_s": "TTFT is not compared with its target",
+    "itl_s": "ITL is not compared with its target",
+    "request_rate_per_s": "demand is the queue alone (request-rate sizing under-reads)",
+    "queue_depth": "the queue counts as 0",
+    "running": "in-flight sizing uses the queue alone",
+    "kv_usage": "not reported (not a scaling input)",
+}
+
+
+def _down_blind(s: MetricsSnapshot, c: AutoscaleConfig) -> list[str]:
+    needed = ["request_rate_per_s", "queue_depth", "running"]
+    if c.ttft_target_s is not None:
+        needed.append("ttft_s")
+    if c.itl_target_s is not None:
+        needed.append("itl_s")
+    return [n for n in needed if s.is_missing(n)]
+
+
+def _active_condition(s: MetricsSnapshot, c: AutoscaleConfig) -> Condition:
+    """ScalingActive=True: ValidMetrics, or MetricsPartial naming each missing signal and what follows."""
+    if not s.missing:
+        return Condition(COND_SCALING_ACTIVE, "True", REASON_VALID_METRICS, "metrics are fresh and valid")
+    parts = []
+    for m in s.missing:
+        signal = m.split(" ", 1)[0]
+        parts.append(f"{m}: {_WITHOUT.get(signal, 'not used')}")
+    blind = _down_blind(s, c)
+    tail = (f"; no scale-down while {', '.join(blind)} {'is' if len(blind) == 1 else 'are'} missing" if blind
+            else "; scaling on the other signals")
+    return Condition(COND_SCALING_ACTIVE, "True", METRICS_PARTIAL,
+                     "scaling on the signals present; missing " + "; ".join(parts) + tail)
 
 
 def _changed_state(state: AutoscaleState, target: int, now: float) -> AutoscaleState:

@@ -25,15 +25,20 @@ Query shapes (q is the percentile as a fraction, e.g. 0.99):
 - latency: ``histogram_quantile(q, sum by (le) (rate(<hist>_bucket{sel}[w])))``.
   Summing the per-pod bucket rates before the quantile gives the
   deployment-wide percentile (quantiles of pods cannot be averaged).
-  Engines renamed their ITL histogram over time, so each engine lists its
-  names newest first and the builder joins the alternatives with ``or``: the
-  first one that has series wins.
+  Engines renamed their metrics over time, so each engine lists its names
+  newest first and the builder joins the alternatives per pod, inside the
+  aggregation, with ``or on(pod)``: each pod contributes under the newest name
+  it exports, so a rolling upgrade (old and new pods side by side) counts both.
 - request rate: ``sum(rate(<requests counter>{sel}[w]))``, completed requests
   per second. Under overload this equals what the replicas can serve, not what
   arrives; the policy adds the queue to estimate demand.
-- queue depth / running: ``sum(<gauge>{sel})``.
-- sample age: ``time() - max(timestamp(<running gauge>{sel}))``, seconds since
-  the newest scrape of any replica.
+- queue depth / running: ``sum(<gauge>{sel})``; KV usage ``max(<gauge>{sel})``
+  (the fullest replica, reported only).
+- sample age: ``time() - max(timestamp(<m>{sel}) or ...)`` over every series
+  any signal reads, seconds since the newest scrape of any replica.
+
+Each query may find no series: the source then marks that signal missing and
+the policy degrades per signal (docs/autoscaling.md, "When a signal is missing").
 """
 
 from __future__ import annotations
@@ -216,11 +221,14 @@ class EngineMetricNames:
     queue_gauges: tuple[str, ...]
     running_gauges: tuple[str, ...]
     source: str = ""
+    # KV-cache usage as a fraction 0..1 (reported, not a decision input); may be empty.
+    kv_usage_gauges: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for fname in ("ttft_histograms", "itl_histograms", "requests_counters", "queue_gauges", "running_gauges"):
+        for fname in ("ttft_histograms", "itl_histograms", "requests_counters", "queue_gauges", "running_gauges",
+                      "kv_usage_gauges"):
             names = getattr(self, fname)
-            if not names:
+            if not names and fname != "kv_usage_gauges":
                 raise QueryInputError(f"metrics.{fname}", "needs at least one metric name")
             for n in names:
                 validate_metric_name(n, f"metrics.{fname}")
@@ -235,6 +243,9 @@ ENGINE_METRICS: dict[Engine, EngineMetricNames] = {
         requests_counters=("vllm:request_success_total",),
         queue_gauges=("vllm:num_requests_waiting",),
         running_gauges=("vllm:num_requests_running",),
+        # V1 renamed the KV gauge: vllm:gpu_cache_usage_perc (v0) -> vllm:kv_cache_usage_perc (V1);
+        # both are fractions 0..1 (vllm docs/design/metrics.md at v0.12.0, "v0 metrics" list).
+        kv_usage_gauges=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
         source=(
             "vllm-project/vllm vllm/v1/metrics/loggers.py (PrometheusStatLogger) and "
             "docs/source/design/v1/metrics.md (v0 list incl. vllm:time_per_output_token_seconds)"
@@ -248,6 +259,8 @@ ENGINE_METRICS: dict[Engine, EngineMetricNames] = {
         requests_counters=("sglang:num_requests_total",),
         queue_gauges=("sglang:num_queue_reqs",),
         running_gauges=("sglang:num_running_reqs",),
+        # "The token usage": used KV tokens / pool size (docs/references/production_metrics.md).
+        kv_usage_gauges=("sglang:token_usage",),
         source=(
             "sgl-project/sglang python/sglang/srt/metrics/collector.py (TokenizerMetricsCollector, "
             "SchedulerMetricsCollector) and docs/references/production_metrics.md"
@@ -264,6 +277,8 @@ ENGINE_METRICS: dict[Engine, EngineMetricNames] = {
         requests_counters=("trtllm_request_success_total", "trtllm:request_success_total"),
         queue_gauges=("trtllm_num_requests_waiting",),
         running_gauges=("trtllm_num_requests_running",),
+        # NVIDIA/TensorRT-LLM tensorrt_llm/metrics/collector.py @050f80de: Gauge "KV cache utilization".
+        kv_usage_gauges=("trtllm_kv_cache_utilization",),
         source="NVIDIA/TensorRT-LLM tensorrt_llm/metrics/collector.py; ai-dynamo/dynamo backends/trtllm/prometheus.md",
     ),
 }
@@ -282,6 +297,7 @@ class MetricOverrides:
     requests_counter: str | None = None
     queue_gauge: str | None = None
     running_gauge: str | None = None
+    kv_usage_gauge: str | None = None
     labels: tuple[LabelMatcher, ...] = ()
 
     def apply(self, names: EngineMetricNames) -> EngineMetricNames:
@@ -299,6 +315,7 @@ class MetricOverrides:
             requests_counters=pick(self.requests_counter, names.requests_counters, "requestsCounter", False),
             queue_gauges=pick(self.queue_gauge, names.queue_gauges, "queueGauge", False),
             running_gauges=pick(self.running_gauge, names.running_gauges, "runningGauge", False),
+            kv_usage_gauges=pick(self.kv_usage_gauge, names.kv_usage_gauges, "kvCacheUsage", False),
             source=names.source + (" (with per-deployment overrides)" if self != MetricOverrides() else ""),
         )
 
@@ -319,9 +336,10 @@ class QuerySet:
     percentile: float
     window: str
     names: EngineMetricNames = field(compare=False)
+    kv_usage: str | None = None
 
     def as_dict(self) -> dict[str, str]:
-        return {
+        out = {
             "ttft_s": self.ttft_s,
             "itl_s": self.itl_s,
             "request_rate_per_s": self.request_rate_per_s,
@@ -329,10 +347,39 @@ class QuerySet:
             "running": self.running,
             "sample_age_s": self.sample_age_s,
         }
+        if self.kv_usage is not None:
+            out["kv_usage"] = self.kv_usage
+        return out
+
+    def metric_names(self, signal: str) -> tuple[str, ...]:
+        """The metric names one signal's query reads (for messages naming a missing signal)."""
+        n = self.names
+        return {
+            "ttft_s": tuple(h + "_bucket" for h in n.ttft_histograms),
+            "itl_s": tuple(h + "_bucket" for h in n.itl_histograms),
+            "request_rate_per_s": n.requests_counters,
+            "queue_depth": n.queue_gauges,
+            "running": n.running_gauges,
+            "kv_usage": n.kv_usage_gauges,
+        }.get(signal, ())
 
 
-def _alternatives(parts: list[str]) -> str:
-    return parts[0] if len(parts) == 1 else " or ".join(f"({p})" for p in parts)
+# The target label Prometheus' Kubernetes pod discovery gives each engine pod: the Prometheus
+# Operator's PodMonitor adds `pod` (and `namespace`, `container`) to every series it scrapes
+# (prometheus-operator Documentation/api.md, PodMonitor; generated relabelling
+# `__meta_kubernetes_pod_name` -> `pod`).
+DEFAULT_POD_LABEL = "pod"
+
+
+def _per_pod(parts: list[str], pod_label: str) -> str:
+    """Join the alternatives of one signal so that each pod contributes its own newest name.
+
+    `A or on(pod) B` keeps every series of A and those series of B whose pod has no A series:
+    during a rolling upgrade old pods (old names) and new pods (new names) are both counted,
+    and a pod exporting both is counted once, under the newest name. Series without a pod
+    label all match each other (one group), i.e. the fallback is then deployment-wide.
+    """
+    return f" or on({pod_label}) ".join(parts)
 
 
 def build_queries(
@@ -342,8 +389,10 @@ def build_queries(
     percentile: float = 99,
     window: str = "2m",
     overrides: MetricOverrides | None = None,
+    pod_label: str = DEFAULT_POD_LABEL,
 ) -> QuerySet:
     """All queries for one deployment. `matchers` normally come from `scope_matchers`."""
+    validate_label_name(pod_label, "metrics.podLabel")
     if engine not in ENGINE_METRICS:
         raise QueryInputError("spec.engine", f"{engine!r} is not one of {', '.join(ENGINE_METRICS)}")
     if not matchers:
@@ -357,21 +406,30 @@ def build_queries(
     sel = render_selector(matchers)
 
     def quantile(histograms: tuple[str, ...]) -> str:
-        return _alternatives(
-            [f"histogram_quantile({q}, sum by (le) (rate({h}_bucket{sel}[{w}])))" for h in histograms]
-        )
+        rates = _per_pod([f"rate({h}_bucket{sel}[{w}])" for h in histograms], pod_label)
+        return f"histogram_quantile({q}, sum by (le) ({rates}))"
 
-    def summed(metrics: tuple[str, ...], rate: bool = False) -> str:
-        return _alternatives([f"sum(rate({m}{sel}[{w}]))" if rate else f"sum({m}{sel})" for m in metrics])
+    def summed(metrics: tuple[str, ...], rate: bool = False, agg: str = "sum") -> str:
+        return f"{agg}(" + _per_pod([f"rate({m}{sel}[{w}])" if rate else f"{m}{sel}" for m in metrics], pod_label) + ")"
 
+    # The newest scrape of any series any signal reads: a deployment whose engine exports
+    # only some of the signals still has an age (timestamp() drops the metric name, so `or`
+    # here only removes exact duplicates; max takes the newest).
+    age_series = (
+        *names.running_gauges, *names.queue_gauges, *names.requests_counters, *names.kv_usage_gauges,
+        *(h + "_count" for h in (*names.ttft_histograms, *names.itl_histograms)),
+    )
+    age_series = tuple(dict.fromkeys(age_series))
     return QuerySet(
         ttft_s=quantile(names.ttft_histograms),
         itl_s=quantile(names.itl_histograms),
         request_rate_per_s=summed(names.requests_counters, rate=True),
         queue_depth=summed(names.queue_gauges),
         running=summed(names.running_gauges),
-        sample_age_s=_alternatives([f"time() - max(timestamp({m}{sel}))" for m in names.running_gauges]),
+        sample_age_s="time() - max(" + " or ".join(f"timestamp({m}{sel})" for m in age_series) + ")",
         percentile=float(percentile),
         window=w,
         names=names,
+        # KV usage: the fullest replica (max), a fraction 0..1.
+        kv_usage=summed(names.kv_usage_gauges, agg="max") if names.kv_usage_gauges else None,
     )

@@ -24,6 +24,9 @@ METRICS_UNAVAILABLE = "MetricsUnavailable"
 METRICS_STALE = "MetricsStale"
 METRICS_INVALID = "MetricsInvalid"
 METRIC_PROBLEMS = (METRICS_UNAVAILABLE, METRICS_STALE, METRICS_INVALID)
+# Usable, but some signals have no series (ScalingActive stays True with this reason and names them).
+METRICS_PARTIAL = "MetricsPartial"
+SIGNALS = ("ttft_s", "itl_s", "request_rate_per_s", "queue_depth", "running", "kv_usage")
 
 # A scrape may land a little after the query's evaluation time; ignore tiny negative ages.
 _CLOCK_SLACK_S = 1.0
@@ -41,6 +44,10 @@ class MetricsSnapshot:
     running: float | None = None             # requests running, summed over replicas
     sample_age_s: float | None = None        # seconds since the newest scrape of any replica
     sample_time: float | None = None         # unix seconds at which the queries were evaluated
+    kv_usage: float | None = None            # KV-cache usage of the fullest replica, 0..1 (reported only)
+    # signals whose query found no series at all, each "signal (metric names tried)": the rest
+    # are still used (see docs/autoscaling.md "When a signal is missing")
+    missing: tuple[str, ...] = ()
     problem: str = ""                        # one of METRIC_PROBLEMS when not ok
     error: str = ""                          # human-readable why
 
@@ -49,14 +56,18 @@ class MetricsSnapshot:
         out: dict[str, Any] = {}
         for k, v in asdict(self).items():
             out[k] = repr(v) if isinstance(v, float) and not math.isfinite(v) else v
+        out["missing"] = list(self.missing)
         return out
+
+    def is_missing(self, signal: str) -> bool:
+        return any(m == signal or m.startswith(signal + " ") for m in self.missing)
 
     @classmethod
     def failed(cls, problem: str, error: str, sample_time: float | None = None) -> MetricsSnapshot:
         return cls(ok=False, problem=problem, error=error, sample_time=sample_time)
 
 
-_FIELDS_NON_NEGATIVE = ("ttft_s", "itl_s", "request_rate_per_s", "queue_depth", "running")
+_FIELDS_NON_NEGATIVE = ("ttft_s", "itl_s", "request_rate_per_s", "queue_depth", "running", "kv_usage")
 
 
 def assess(
@@ -90,14 +101,18 @@ def assess(
             return (METRICS_INVALID, f"{name} is {v!r}, not a finite number")
         if v < 0:
             return (METRICS_INVALID, f"{name} is {v!r}, negative")
+    # Each signal degrades on its own (`missing`, reported as MetricsPartial by the policy);
+    # only a deployment none of whose signals has any series is unusable.
+    if age is None or all(snapshot.is_missing(n) for n in SIGNALS[:5]):
+        return (METRICS_UNAVAILABLE, "no series for any serving metric; are the engine pods scraped and "
+                "labelled as the queries expect?" + (f" (missing: {'; '.join(snapshot.missing)})" if snapshot.missing else ""))
     for name in ("request_rate_per_s", "queue_depth", "running"):
-        if getattr(snapshot, name) is None:
+        if getattr(snapshot, name) is None and not snapshot.is_missing(name):
             return (METRICS_UNAVAILABLE, f"no samples for {name}")
-    if age is None:
-        return (METRICS_UNAVAILABLE, "no sample age: the running-requests gauge has no series")
     serving = (snapshot.request_rate_per_s or 0) > 0 or (snapshot.running or 0) > 0
     for name, required in (("ttft_s", require_ttft), ("itl_s", require_itl)):
-        if required and serving and getattr(snapshot, name) is None:
+        # a histogram with no series at all is a missing signal (partial), not this
+        if required and serving and getattr(snapshot, name) is None and not snapshot.is_missing(name):
             return (
                 METRICS_UNAVAILABLE,
                 f"no {name} samples while serving {snapshot.request_rate_per_s or 0:.3g} req/s "

@@ -52,6 +52,7 @@ from meshplan.autoscale.snapshot import (
 )
 
 
+_EMPTY = object()                       # a query that found no series (vs NaN: series, no observations)
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024    # an instant query of one series is a few hundred bytes
 
 
@@ -121,6 +122,11 @@ class PrometheusSource:
         session = requests.Session()
         session.max_redirects = 0              # belt and braces: the hook refuses any 3xx first
         session.trust_env = False              # no proxy or netrc from the operator's environment
+        # The hook reads the raw body; Prometheus gzips its answers when the client accepts gzip
+        # (requests asks for it by default), and raw bytes are not decoded: a real Prometheus then
+        # read as "invalid JSON". Ask for the identity encoding (also keeps MAX_RESPONSE_BYTES the
+        # size of what is parsed: no decompression bomb).
+        session.headers["Accept-Encoding"] = "identity"
         session.hooks["response"].append(_guard_response(timeout_s))
         self._client = PrometheusConnect(
             url=self.url,
@@ -137,8 +143,10 @@ class PrometheusSource:
         """Evaluate all queries at `now` (default: the clock) and return a snapshot."""
         eval_time = self._clock() if now is None else now
         try:
+            # Every signal but the sample age may have no series: it is then listed as missing
+            # (with the names it tried) and the others are still used.
             values = {
-                name: self._scalar(name, q, eval_time, allow_empty=name in ("ttft_s", "itl_s"))
+                name: self._scalar(name, q, eval_time, allow_empty=name != "sample_age_s")
                 for name, q in queries.as_dict().items()
             }
         except _QueryProblem as exc:
@@ -150,20 +158,26 @@ class PrometheusSource:
 
         # An idle histogram yields NaN (0/0 rates); that is "no samples", not garbage.
         for name in ("ttft_s", "itl_s"):
-            if values[name] is not None and math.isnan(values[name]):
+            if isinstance(values[name], float) and math.isnan(values[name]):
                 values[name] = None
-        snapshot = MetricsSnapshot(ok=True, sample_time=eval_time, **values)
+        missing = tuple(
+            f"{name} (no series of {', '.join(queries.metric_names(name))})"
+            for name in values
+            if name != "sample_age_s" and values[name] is _EMPTY
+        )
+        values = {k: (None if v is _EMPTY else v) for k, v in values.items()}
+        snapshot = MetricsSnapshot(ok=True, sample_time=eval_time, missing=missing, **values)
         problem, message = assess(snapshot, now=eval_time, max_age_s=self.max_sample_age_s)
         if problem:
             return MetricsSnapshot(
-                ok=False, problem=problem, error=message, sample_time=eval_time, **values
+                ok=False, problem=problem, error=message, sample_time=eval_time, missing=missing, **values
             )
         return snapshot
 
     async def fetch_async(self, queries: QuerySet, now: float | None = None) -> MetricsSnapshot:
         return await asyncio.to_thread(self.fetch, queries, now)
 
-    def _scalar(self, name: str, query: str, eval_time: float, allow_empty: bool) -> float | None:
+    def _scalar(self, name: str, query: str, eval_time: float, allow_empty: bool) -> float | object:
         where = f"Prometheus {self.label}"
         try:
             result = self._client.custom_query(query, params={"time": f"{eval_time:.3f}"})
@@ -197,7 +211,7 @@ class PrometheusSource:
             raise _QueryProblem(METRICS_INVALID, f"{name}: expected a vector result, got {type(result).__name__}")
         if not result:
             if allow_empty:
-                return None
+                return _EMPTY
             raise _QueryProblem(
                 METRICS_UNAVAILABLE,
                 f"no series for {name}; are the engine pods scraped and labelled as the query expects? ({query})",

@@ -273,7 +273,8 @@ def queries_for(spec: Any, namespace: str, name: str) -> QuerySet:
     """The deployment's PromQL: scoped by namespace and deployment, names from the engine or the overrides."""
     m = spec.autoscaling.metrics
     overrides = MetricOverrides(ttft_histogram=m.ttft_histogram, itl_histogram=m.itl_histogram,
-                                queue_gauge=m.requests_waiting, running_gauge=m.requests_running)
+                                queue_gauge=m.requests_waiting, running_gauge=m.requests_running,
+                                requests_counter=m.requests_completed, kv_usage_gauge=m.kv_cache_usage)
     percentile = float(spec.slo.percentile) if spec.slo is not None else 99.0
     return build_queries(spec.engine.kind, scope_matchers(namespace, name), percentile=percentile,
                          window=window_from_seconds(rate_window_s(spec.autoscaling.up_window_seconds)),
@@ -320,6 +321,8 @@ def status_document(decision: Decision, snapshot: MetricsSnapshot, now: datetime
         "itlRatio": num(ratios.get("itl"), 3),
         "requestRate": num(snapshot.request_rate_per_s, 3) if healthy else None,
         "requestsWaiting": num(snapshot.queue_depth, 1) if healthy else None,
+        "kvCacheUsage": num(snapshot.kv_usage, 3) if healthy else None,
+        "missingMetrics": list(snapshot.missing) if healthy and snapshot.missing else None,
         "metricsHealthy": healthy,
         **policy_state_fields(decision.state),
     }
