@@ -145,6 +145,29 @@ TP_FLAG = {"vllm": "--tensor-parallel-size", "sglang": "--tp-size", "trtllm": "-
 # ----------------------------------------------------------------------------- tests
 
 
+def _provide_weights_claim(cluster, ns: str, m: dict[str, Any]) -> None:
+    """An example that loads its weights from `pvc://CLAIM/...` needs that claim, as a user's cluster has it:
+    a PersistentVolumeClaim bound to a (here hostPath, never written) PersistentVolume, so the scheduler's
+    volume binding admits the pods. The PV is cluster-scoped and named after the namespace."""
+    uri = ((m["spec"]["model"].get("weights") or {}).get("uri") or "")
+    if not uri.startswith("pvc://"):
+        return
+    claim = uri[len("pvc://"):].split("/")[0]
+    pv = f"{ns}-{claim}"[:63].rstrip("-")
+    objs = [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+         "spec": {"capacity": {"storage": "10Ti"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+                  "persistentVolumeReclaimPolicy": "Delete", "hostPath": {"path": f"/var/lib/meshplan-e2e/{pv}"},
+                  "claimRef": {"namespace": ns, "name": claim}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim, "namespace": ns},
+         "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
+                  "resources": {"requests": {"storage": "10Ti"}}}},
+    ]
+    cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
+    _wait(lambda: (_get(cluster, ns, "pvc", claim) or {}).get("status", {}).get("phase") == "Bound", 60,
+          f"PVC {claim} bound")
+
+
 @pytest.mark.parametrize("file,fleet,overrides", [
     ("llama-3.1-70b-hgx-h100.yaml", "hgx-h100", {}),
     ("gpt-moe-1.8t-gb200-nvl72.yaml", "gb200-nvl72", {}),
@@ -157,6 +180,7 @@ def test_example_becomes_available_on_one_nvlink_domain_per_replica(cluster, ns,
     m = _example(file, fleet, **copy.deepcopy(overrides))
     m["spec"]["gpus"]["nodeSelector"] = {"meshplan.dev/fleet": fleet}
     name = m["metadata"]["name"]
+    _provide_weights_claim(cluster, ns, m)
     _apply(cluster, ns, m)
     obj = _available(cluster, ns, name, timeout_s=120)
     st = obj["status"]

@@ -234,3 +234,24 @@ def test_a_full_fleet_does_not_hide_the_real_reason_a_spec_is_infeasible():
     out = rec._decide(m, world.topology_without("ns", m["metadata"]["name"]), [], [], [])
     planned = next(c for c in out.status["conditions"] if c["type"] == "Planned")
     assert planned["reason"] == "InsufficientCapacity" and "only 0 are free" in planned["message"], planned
+
+
+def test_a_restored_plan_keeps_the_planners_sentence_from_status_search_reason():
+    """After a restart the verified stored plan keeps the sentence the operator wrote: status.plan.searchReason
+    (the planner's), not status.plan.reason (which describes what is deployed) nor a made-up one. Without it
+    the restart rewrote status.plan (e2e test_operator_restart_keeps_running_replicas_and_their_plan)."""
+    from types import SimpleNamespace
+
+    from meshplan.controller.reconcile import restored_reason
+
+    layout = SimpleNamespace(tp=2, ep=1, pp=1, label=lambda *a: "TP2")
+    choice = SimpleNamespace(layout=layout, chunk_size=256, max_num_seqs=27, weight_dtype="fp8", kv_dtype="fp8",
+                             gpu="h100_sxm")
+    plan = SimpleNamespace(choice=choice)
+    prev = {"tp": 2, "ep": 1, "pp": 1, "chunkSize": 256, "maxNumSeqs": 27, "weightsDtype": "fp8",
+            "kvCacheDtype": "fp8", "gpuProduct": "NVIDIA-H100-80GB-HBM3", "reason": "running TP2 x 2 replica(s) = 4 GPUs",
+            "searchReason": "maxThroughput: TP2 x DP2 (4 GPUs) ..."}
+    assert restored_reason(plan, prev) == "maxThroughput: TP2 x DP2 (4 GPUs) ..."
+    older = {k: v for k, v in prev.items() if k != "searchReason"} | {"reason": "maxThroughput: older sentence"}
+    assert restored_reason(plan, older) == "maxThroughput: older sentence"
+    assert "earlier run of the operator" in restored_reason(plan, {**prev, "tp": 4})

@@ -170,7 +170,8 @@ def _big(fleet: kit.Fleet) -> dict:
     big = base("big", fleet)
     big["spec"]["engine"]["env"] = [{"name": f"BIG_{i}", "value": "v" * 4096} for i in range(64)]
     big["spec"].setdefault("nccl", {})["env"] = [{"name": f"NCCL_BIG_{i}", "value": "n" * 4096} for i in range(64)]
-    big["spec"]["engine"]["extraArgs"] = [f"--x-{i}={'a' * 1000}" for i in range(64)]
+    # a real vLLM option (unknown flags are refused before rendering: api.extra_args), repeated: argparse keeps the last
+    big["spec"]["engine"]["extraArgs"] = [f"--chat-template={'a' * 1000}" for i in range(64)]
     return big
 
 

@@ -298,16 +298,32 @@ def verify_stored_plan(plan: Any, spec: Any, topology: Topology) -> list[str]:
     return []
 
 
+def _same_gpu(product: Any, gpu: str) -> bool:
+    """status.plan.gpuProduct is the node label (NVIDIA-H100-80GB-HBM3), the plan's gpu a catalogue name."""
+    from meshplan.catalog.gpus import get_gpu
+
+    if not product:
+        return True
+    try:
+        return product == gpu or get_gpu(str(product)).name == get_gpu(gpu).name
+    except (KeyError, ValueError):
+        return False
+
+
 def restored_reason(plan: Any, previous_plan: Mapping[str, Any] | None) -> str:
     """The Planned message for a verified stored plan: the operator's own sentence from status.plan
     (status is written by the operator only) when it describes this very choice, else a sentence made
     here; never the annotation's text."""
     c, prev = plan.choice, dict(previous_plan or {})
     same = (prev.get("tp"), prev.get("ep"), prev.get("pp"), prev.get("chunkSize"), prev.get("maxNumSeqs"),
-            prev.get("weightsDtype"), prev.get("kvCacheDtype"), prev.get("gpuProduct", c.gpu)) == \
-        (c.layout.tp, c.layout.ep, c.layout.pp, c.chunk_size, c.max_num_seqs, c.weight_dtype, c.kv_dtype, c.gpu)
-    if same and isinstance(prev.get("reason"), str) and prev["reason"]:
-        return prev["reason"]
+            prev.get("weightsDtype"), prev.get("kvCacheDtype")) == \
+        (c.layout.tp, c.layout.ep, c.layout.pp, c.chunk_size, c.max_num_seqs, c.weight_dtype, c.kv_dtype) \
+        and _same_gpu(prev.get("gpuProduct"), c.gpu)
+    # status.plan.searchReason holds the planner's sentence (status.plan.reason describes what is
+    # deployed); objects written before searchReason existed kept the planner's sentence in reason.
+    said = prev.get("searchReason") or prev.get("reason")
+    if same and isinstance(said, str) and said:
+        return said
     return (f"{c.layout.label()} on {c.gpu}: the plan an earlier run of the operator chose for this spec and fleet, "
             "re-checked against the spec's pins, the GPU budget and the planner")
 
