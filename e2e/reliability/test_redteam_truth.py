@@ -276,3 +276,27 @@ def test_podsecurity_and_quota_refusals_are_placed_false_without_traceback_spam(
     assert all(v <= 2 for v in lines.values()), lines
     assert not kit.pods(cluster, psa)
     canary()
+
+
+def test_namespace_deletion_under_a_serving_deployment_is_quiet_and_complete(cluster, ns, op, fleet, canary):
+    """Fault case: the namespace of a serving deployment is deleted. While the namespace terminates every
+    create is refused (403 NamespaceTerminating); the operator must let the LLMDeployment go (its finalizer)
+    with no traceback per object every resync, and the canary elsewhere keeps serving."""
+    victim = ns("-nsdel")
+    _tenant_apply(cluster, victim, _small("doomed", fleet))
+    kit.available(cluster, victim, "doomed", timeout_s=120)
+    start = len(op.tail(10 ** 7))
+    t0 = time.monotonic()
+    cluster.kubectl("delete", "namespace", victim, "--wait=false")
+    kit.wait(lambda: kit.get(cluster, victim, "llmd", "doomed") is None, 120, "LLMDeployment gone")
+    gone_llmd = time.monotonic() - t0
+    kit.wait(lambda: cluster.kubectl("get", "namespace", victim, check=False).returncode != 0, 180, "namespace gone")
+    gone_ns = time.monotonic() - t0
+    time.sleep(15)        # resyncs (5 s) after the namespace went
+    log = _log_since(op, start)
+    errors = [line for line in log.splitlines() if "ERROR" in line]
+    print(f"redteam namespace deletion: LLMDeployment gone after {gone_llmd:.1f}s, namespace gone after "
+          f"{gone_ns:.1f}s; {log.count('Traceback')} tracebacks, {len(errors)} ERROR lines")
+    assert log.count("Traceback") == 0, log[-3000:]
+    assert len(errors) <= 2, errors[-5:]
+    canary()
