@@ -11,12 +11,9 @@ the planner's model does.
 
 from __future__ import annotations
 
-import difflib
-import os
-from pathlib import Path
 
 import pytest
-import yaml
+from _golden import GOLDEN, check_golden
 from _gpu_nodes import gb200_nvl72, hgx_h100, l40s
 
 from meshplan.placement import place, request_for_layout
@@ -25,8 +22,6 @@ from meshplan.render import NetworkOptions, Owner, PodOptions, render_deployment
 from meshplan.render.engine_args import ServingOptions
 from meshplan.topology import build_topology
 
-GOLDEN = Path(__file__).parent / "golden"
-UPDATE = os.environ.get("MESHPLAN_UPDATE_GOLDEN") == "1"
 
 _MEM = MemoryFit(fits=True, weights_bytes=0, kv_bytes_per_token=0, activation_bytes=0, runtime_bytes=0,
                  usable_bytes=0, kv_capacity_tokens=0, max_concurrency=0)
@@ -65,14 +60,4 @@ def render_scenario(engine: str, fleet: str) -> list[dict]:
 @pytest.mark.parametrize("fleet", sorted(SCENARIOS))
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
 def test_golden(engine: str, fleet: str) -> None:
-    text = yaml.safe_dump_all(render_scenario(engine, fleet), sort_keys=True, width=120, allow_unicode=True)
-    path = GOLDEN / f"{engine}-{fleet}.yaml"
-    if UPDATE or not path.exists():
-        if not UPDATE:
-            pytest.fail(f"{path} missing: run MESHPLAN_UPDATE_GOLDEN=1 pytest {__file__}")
-        path.write_text(text, encoding="utf-8")
-        return
-    want = path.read_text(encoding="utf-8")
-    if text != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True), str(path), "rendered", n=2))
-        pytest.fail(f"rendered manifests differ from {path} (MESHPLAN_UPDATE_GOLDEN=1 to accept):\n{diff[:6000]}")
+    check_golden(render_scenario(engine, fleet), GOLDEN / f"{engine}-{fleet}.yaml", __file__)

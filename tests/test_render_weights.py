@@ -10,12 +10,9 @@ weights rendering does.
 
 from __future__ import annotations
 
-import difflib
-import os
-from pathlib import Path
 
 import pytest
-import yaml
+from _golden import GOLDEN, check_golden
 from _gpu_nodes import hgx_h100
 
 from meshplan.api.models import LLMDeploymentSpec, validate_semantics
@@ -25,8 +22,6 @@ from meshplan.render import Owner, RenderError, render_deployment
 from meshplan.render.options import options_from_spec
 from meshplan.topology import build_topology
 
-GOLDEN = Path(__file__).parent / "golden"
-UPDATE = os.environ.get("MESHPLAN_UPDATE_GOLDEN") == "1"
 
 _MEM = MemoryFit(fits=True, weights_bytes=0, kv_bytes_per_token=0, activation_bytes=0, runtime_bytes=0,
                  usable_bytes=0, kv_capacity_tokens=0, max_concurrency=0)
@@ -77,17 +72,7 @@ def test_weights_golden(form: str) -> None:
     engine, model = FORMS[form]
     spec = spec_for(engine, model)
     assert validate_semantics(spec) == []
-    text = yaml.safe_dump_all(render(spec), sort_keys=True, width=120, allow_unicode=True)
-    path = GOLDEN / f"weights-{form}.yaml"
-    if UPDATE or not path.exists():
-        if not UPDATE:
-            pytest.fail(f"{path} missing: run MESHPLAN_UPDATE_GOLDEN=1 pytest {__file__}")
-        path.write_text(text, encoding="utf-8")
-        return
-    want = path.read_text(encoding="utf-8")
-    if text != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True), str(path), "rendered", n=2))
-        pytest.fail(f"rendered manifests differ from {path} (MESHPLAN_UPDATE_GOLDEN=1 to accept):\n{diff[:6000]}")
+    check_golden(render(spec), GOLDEN / f"weights-{form}.yaml", __file__)
 
 
 # ------------------------------------------------------------- what each form must contain (beside the goldens)
