@@ -8,9 +8,9 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup deps python control-plane demo test unit e2e down crds lint-crds bench
+.PHONY: setup deps python control-plane engine-venvs demo test unit e2e down crds lint-crds bench
 
-setup: deps python control-plane
+setup: deps python control-plane engine-venvs
 
 deps:
 	@bash e2e/install-deps.sh
@@ -24,6 +24,10 @@ $(VENV)/.installed: pyproject.toml
 
 control-plane:
 	@bash e2e/build-control-plane.sh
+
+# the engines' own venvs for the conformance suite and the real-vLLM e2e (engines-venv/README.md)
+engine-venvs: python
+	$(PY) engines-venv/install.py
 
 demo: setup
 	$(VENV)/bin/meshplan demo

@@ -1,0 +1,105 @@
+"""Build the engines' virtual environments the conformance suite and the real-vLLM e2e use.
+
+See engines-venv/README.md. Standard library only: it runs before any venv exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CACHE = Path(os.environ.get("MESHPLAN_ENGINE_VENVS", Path.home() / ".cache" / "meshplan-engines"))
+
+
+def specs() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(HERE.glob("*.txt"))}
+
+
+def _directives(text: str) -> tuple[str, list[str], bool, list[str]]:
+    python, no_deps, optional, reqs = "python3", [], False, []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("#"):
+            body = line.lstrip("#").strip()
+            if body.startswith("python:"):
+                python = body.split(":", 1)[1].strip()
+            elif body.startswith("no-deps:"):
+                no_deps.append(body.split(":", 1)[1].strip())
+            elif body == "optional":
+                optional = True
+            continue
+        if line:
+            reqs.append(line)
+    return python, no_deps, optional, reqs
+
+
+def venv_dir(name: str) -> Path:
+    text = specs()[name].read_text()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return CACHE / f"{name}-{digest}"
+
+
+def python_of(name: str) -> Path | None:
+    """The venv's interpreter, or None when the venv is not built (or half built)."""
+    d = venv_dir(name)
+    return d / "bin" / "python" if (d / ".ready").exists() else None
+
+
+def optional(name: str) -> bool:
+    return _directives(specs()[name].read_text())[2]
+
+
+def install(name: str) -> Path:
+    spec = specs()[name]
+    python, no_deps, _, reqs = _directives(spec.read_text())
+    d = venv_dir(name)
+    if (d / ".ready").exists():
+        print(f"[engine-venv] {name}: cached at {d}", flush=True)
+        return d / "bin" / "python"
+    if d.exists():
+        shutil.rmtree(d)
+    start = time.time()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    subprocess.run([python, "-m", "venv", str(d)], check=True)
+    pip = [str(d / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run(pip + ["--upgrade", "pip"], check=True)
+    if reqs:
+        subprocess.run(pip + reqs, check=True)
+    if no_deps:
+        subprocess.run(pip + ["--no-deps"] + no_deps, check=True)
+    # stale venvs of earlier spec versions of the same name
+    for old in CACHE.glob(f"{name}-*"):
+        if old != d and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+    (d / ".ready").write_text(spec.read_text())
+    print(f"[engine-venv] {name}: built in {time.time() - start:.0f}s at {d}", flush=True)
+    return d / "bin" / "python"
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--path"]:
+        p = python_of(argv[1])
+        if p is None:
+            print(f"engine venv {argv[1]} is not built: run `.venv/bin/python engines-venv/install.py {argv[1]}`",
+                  file=sys.stderr)
+            return 1
+        print(p)
+        return 0
+    names = argv or [n for n in specs() if not optional(n)]
+    unknown = [n for n in names if n not in specs()]
+    if unknown:
+        print(f"unknown engine venv(s) {unknown}; known: {sorted(specs())}", file=sys.stderr)
+        return 2
+    for n in names:
+        install(n)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
