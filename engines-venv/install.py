@@ -5,6 +5,7 @@ See engines-venv/README.md. Standard library only: it runs before any venv exist
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -56,6 +57,14 @@ def optional(name: str) -> bool:
 
 
 def install(name: str) -> Path:
+    """Build (or reuse) one venv; a lock file serialises concurrent builders of the same venv."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _install(name)
+
+
+def _install(name: str) -> Path:
     spec = specs()[name]
     python, no_deps, _, reqs = _directives(spec.read_text())
     d = venv_dir(name)
@@ -75,7 +84,7 @@ def install(name: str) -> Path:
         subprocess.run(pip + ["--no-deps"] + no_deps, check=True)
     # stale venvs of earlier spec versions of the same name
     for old in CACHE.glob(f"{name}-*"):
-        if old != d and old.is_dir():
+        if old != d and old.is_dir() and old.suffix != ".lock":
             shutil.rmtree(old, ignore_errors=True)
     (d / ".ready").write_text(spec.read_text())
     print(f"[engine-venv] {name}: built in {time.time() - start:.0f}s at {d}", flush=True)
