@@ -43,28 +43,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from meshplan.explain import Explanation  # noqa: F401  (re-exported: render.nccl.Explanation)
+
 TRANSPORTS = ("auto", "nvlink", "infiniband", "roce", "efa", "tcp")
 
 _SRC_PLANNER = "docs/planner.md, NCCL environment facts"
 _SRC_NCCL = "NCCL env docs (docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html)"
 _SRC_GB200 = "AIConfigurator GB200 profile via docs/planner.md; NVIDIA DRA driver ComputeDomain docs"
 _SRC_EFA = "aws-ofi-nccl / AWS EFA documentation; AIConfigurator transport notes (TCP fallback ~10x TTFT)"
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """Why a setting has its value. `subject` is e.g. `env NCCL_P2P_LEVEL` or `--tensor-parallel-size`."""
-
-    subject: str
-    value: str
-    reason: str
-    source: str = ""
-    level: str = "info"           # info | warning
-
-    def line(self) -> str:
-        src = f" [{self.source}]" if self.source else ""
-        tag = "WARNING " if self.level == "warning" else ""
-        return f"{self.subject}={self.value}: {tag}{self.reason}{src}"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,275 @@
+"""What every engine module shares: the engine interface, the records it returns, and the flag helpers.
+
+One module per engine (`meshplan.engines.vllm`, `.sglang`, `.trtllm`, ...) implements
+`EngineModule`; `meshplan.engines.get(kind)` finds it. The planner's search asks a module
+which layouts and knobs it can run (`check_layout`, `check_pods`, `check_knobs`) and how it
+spells a layout (`layout`); the renderer asks it for the pod's command line (`command`).
+Adding an engine is one module here, its entry in `meshplan.engines.MODULES`, and its golden files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+from meshplan.explain import Explanation
+from meshplan.planner.types import Candidate, Engine, Layout
+
+HTTP_PORT = 8000
+HEALTH_PATH = "/health"       # vLLM, SGLang and trtllm-serve all serve GET /health
+
+# Engine default memory fraction meshplan renders when the plan gives none: 0.9
+# (vLLM --gpu-memory-utilization default; the planner's memory_fit default, which
+# prices SGLang and TRT-LLM with the same figure).
+DEFAULT_MEMORY_FRACTION = 0.9
+
+_PLAN_OWNED = {
+    "tensor-parallel-size", "tp-size", "tp", "pipeline-parallel-size", "pp-size", "pp",
+    "data-parallel-size", "dp-size", "dp", "expert-parallel-size", "ep-size", "ep", "moe-ep-size",
+    "enable-expert-parallel", "enable-dp-attention", "max-num-seqs", "max-num-batched-tokens",
+    "max-running-requests", "chunked-prefill-size", "max-batch-size", "max-num-tokens", "kv-cache-dtype",
+}
+try:  # single source when the API package is present
+    from meshplan.api.models import PLAN_OWNED_FLAGS as _API_FLAGS
+
+    _PLAN_OWNED = set(_API_FLAGS) | {"ep"}
+except ImportError:  # pragma: no cover - the API package is part of the distribution
+    pass
+
+_BOOTSTRAP = {
+    "nnodes", "node-rank", "master-addr", "master-port", "headless", "data-parallel-size-local",
+    "data-parallel-start-rank", "data-parallel-address", "data-parallel-rpc-port", "dist-init-addr",
+    "host", "port", "distributed-executor-backend", "extra-llm-api-options", "backend",
+    "served-model-name",   # spec.model.servedName owns it (immutable); the API refuses it in extraArgs
+}
+_SHORT_ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size",
+                  "ep": "enable-expert-parallel"}
+
+
+
+@dataclass(frozen=True)
+class EngineLayout:
+    """A layout as one engine runs it.
+
+    `flags` are command-line flags of the engine's server (flag -> value; `True`
+    for a bare switch); `config` are entries of the engine's config file where the
+    engine has no flag (TensorRT-LLM's LLM-API YAML). The effective degrees say what
+    the engine really does, which may differ from the blog layout (see `exact`).
+    """
+
+    engine: Engine
+    flags: dict[str, Any]
+    config: dict[str, Any] = field(default_factory=dict)
+    attention_tp: int = 1
+    attention_dp: int = 1
+    moe_tp: int = 1
+    moe_ep: int = 1
+    pp: int = 1
+    exact: bool = True                   # the engine runs exactly the blog layout
+    notes: tuple[str, ...] = ()
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.attention_tp * self.attention_dp * self.pp
+
+    def argv(self) -> list[str]:
+        """Flags as a command-line argument list (bare switches without a value)."""
+        out: list[str] = []
+        for flag, value in self.flags.items():
+            if value is True:
+                out.append(flag)
+            elif value is False or value is None:
+                continue
+            else:
+                out.extend([flag, str(value)])
+        return out
+
+
+
+def norm_flag(flag: str) -> str:
+    """`--Max_Num_Seqs` -> `max-num-seqs`; `--no-enable-x` -> `enable-x`; vLLM `-tp` -> long name."""
+    single = flag.startswith("-") and not flag.startswith("--")
+    name = flag.lstrip("-").split("=", 1)[0].replace("_", "-").lower()
+    if single and name in _SHORT_ALIASES:
+        return _SHORT_ALIASES[name]
+    if name.startswith("no-"):
+        name = name[3:]
+    return name
+
+
+def parse_args(tokens: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """['--a', '1', '--b', '--c=2'] -> [('--a', ['1']), ('--b', []), ('--c', ['2'])]."""
+    out: list[tuple[str, list[str]]] = []
+    for t in tokens:
+        if t.startswith("-") and not _is_number(t):
+            if "=" in t and t.startswith("--"):
+                k, v = t.split("=", 1)
+                out.append((k, [v]))
+            else:
+                out.append((t, []))
+        elif out:
+            out[-1][1].append(t)
+        else:
+            out.append(("", [t]))
+    return out
+
+
+def _is_number(t: str) -> bool:
+    try:
+        float(t)
+        return True
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """Engine settings that do not come from the plan (spec.engine, spec.model)."""
+
+    engine: Engine = "vllm"
+    model: str = ""                         # what the engine loads: HF repo id or a path
+    served_name: str | None = None
+    revision: str | None = None
+    load_format: str | None = None          # vLLM --load-format (runai_streamer for s3:// / gs://)
+    weights_refusal: str = ""               # why this engine cannot open the weights (render.weights)
+    checkpoint_dtype: str = "bf16"          # dtype of the checkpoint's weights
+    prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"
+    expert_load_balancing: str = "auto"     # auto | enabled | disabled (api.models spelling)
+    cuda_graphs: str = "auto"               # auto | enabled | disabled (api.models spelling)
+    memory_fraction: float | None = None
+    max_model_len: int | None = None
+    extra_args: tuple[str, ...] = ()
+    allow_plan_override: bool = False
+    port: int = HTTP_PORT
+
+
+@dataclass(frozen=True)
+class PodRole:
+    """Where one pod sits in its replica group."""
+
+    rank: int = 0
+    pods: int = 1
+    gpus_per_pod: int = 1
+    leader_host: str = "localhost"
+    peer_hosts: tuple[str, ...] = ()        # every pod's DNS name by rank (TRT-LLM's MPI host list)
+    env_names: tuple[str, ...] = ()         # variables mpirun must forward (TRT-LLM)
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    command: tuple[str, ...]
+    args: tuple[str, ...]
+    serves_http: bool
+    ports: tuple[tuple[str, int], ...]
+    explain: tuple[Explanation, ...] = field(default=())
+
+
+class RenderError(ValueError):
+    """A plan that the chosen engine cannot be started with; the message names the fix."""
+
+
+def flag_items(flags: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    out = []
+    for k, v in flags.items():
+        if v is None or v is False:
+            continue
+        out.append((k, [] if v is True else [str(v)]))
+    return out
+
+
+def merge_extra(base: list[tuple[str, list[str]]], extra: Sequence[str], allow_override: bool,
+                 explain: list[Explanation]) -> list[tuple[str, list[str]]]:
+    index = {norm_flag(k): i for i, (k, _) in enumerate(base) if k}
+    out = list(base)
+    for flag, values in parse_args(extra):
+        shown = " ".join([flag, *values]).strip()
+        if not flag:
+            out.append((flag, values))
+            continue
+        n = norm_flag(flag)
+        if n in _BOOTSTRAP:
+            explain.append(Explanation(flag, " ".join(values), "extraArgs cannot set bootstrap/port flags; ignored",
+                                       "meshplan.render.engine_args", "warning"))
+            continue
+        if n in _PLAN_OWNED and not allow_override:
+            explain.append(Explanation(flag, " ".join(values),
+                                       "extraArgs sets a flag the plan owns; ignored (pin it in spec.parallelism/"
+                                       "spec.precision or set spec.engine.allowPlanOverride)",
+                                       "meshplan.api PLAN_OWNED_FLAGS", "warning"))
+            continue
+        if n in index:
+            old = out[index[n]]
+            out[index[n]] = (flag, values)
+            same = norm_flag(old[0]) == n and old[1] == values and old[0].startswith("--no-") == flag.startswith("--no-")
+            explain.append(Explanation(flag, " ".join(values),
+                                       f"extraArgs replaces meshplan's `{' '.join([old[0], *old[1]])}`"
+                                       + (" (plan override allowed: predictions may not describe what runs)"
+                                          if n in _PLAN_OWNED else ""),
+                                       "spec.engine.extraArgs", "info" if same else "warning"))
+        else:
+            out.append((flag, values))
+            index[n] = len(out) - 1
+            explain.append(Explanation(flag, " ".join(values), f"from spec.engine.extraArgs: {shown}"))
+    return out
+
+
+def flatten(items: list[tuple[str, list[str]]]) -> list[str]:
+    out: list[str] = []
+    for k, vs in items:
+        if k:
+            out.append(k)
+        out.extend(vs)
+    return out
+
+
+def weight_flags(engine: Engine, weight_dtype: str, checkpoint_dtype: str,
+                  explain: list[Explanation]) -> dict[str, Any]:
+    """Precision flags for the weights (engine docs: vLLM/SGLang --dtype and --quantization)."""
+    if engine == "trtllm":
+        if weight_dtype != checkpoint_dtype and weight_dtype not in ("bf16", "fp16"):
+            explain.append(Explanation("weights", weight_dtype,
+                                       "TensorRT-LLM reads quantization from the checkpoint (ModelOpt): point "
+                                       f"spec.model.weights at a {weight_dtype} checkpoint",
+                                       "TensorRT-LLM quantization docs", "warning"))
+        return {}
+    if weight_dtype in ("bf16", "fp16"):
+        return {"--dtype": "bfloat16" if weight_dtype == "bf16" else "float16"}
+    if weight_dtype == checkpoint_dtype:
+        explain.append(Explanation("weights", weight_dtype, "the checkpoint is already quantized; the engine "
+                                   "reads the method from its config"))
+        return {}
+    if weight_dtype == "fp8":
+        explain.append(Explanation("--quantization", "fp8", "plan chose FP8 weights: quantize the "
+                                   f"{checkpoint_dtype} checkpoint online", "vLLM/SGLang quantization docs"))
+        return {"--quantization": "fp8"}
+    explain.append(Explanation("weights", weight_dtype,
+                               f"{weight_dtype} weights need a pre-quantized checkpoint (AWQ/GPTQ/ModelOpt); point "
+                               "spec.model.weights at one", "vLLM/SGLang quantization docs", "warning"))
+    return {}
+
+
+
+class EngineModule(Protocol):
+    """The interface every engine module implements (module-level names)."""
+
+    NAME: str                 # spec.engine.kind
+    TITLE: str                # the engine's own name, for messages
+    DEFAULT_IMAGE: str        # the operator's pinned image (override: spec.engine.image)
+
+    def check_layout(self, layout: Layout, model: Any = None, *, a2a_backend: str | None = None) -> str | None: ...
+
+    def check_pods(self, layout: Layout, pods: int, gpus_per_pod: int) -> str | None: ...
+
+    def check_knobs(self, chunk_size: int | None, max_num_seqs: int | None) -> str | None: ...
+
+    def layout(self, layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int | None = None,
+               memory_fraction: float | None = None, kv_dtype: str | None = None,
+               a2a_backend: str | None = None) -> EngineLayout: ...
+
+    def command(self, candidate: Candidate, serving: ServingOptions, role: PodRole, el: EngineLayout,
+                explain: list[Explanation]) -> EngineCommand: ...
