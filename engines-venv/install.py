@@ -82,10 +82,6 @@ def _install(name: str) -> Path:
         subprocess.run(pip + reqs, check=True)
     if no_deps:
         subprocess.run(pip + ["--no-deps"] + no_deps, check=True)
-    # stale venvs of earlier spec versions of the same name
-    for old in CACHE.glob(f"{name}-*"):
-        if old != d and old.is_dir() and old.suffix != ".lock":
-            shutil.rmtree(old, ignore_errors=True)
     (d / ".ready").write_text(spec.read_text())
     print(f"[engine-venv] {name}: built in {time.time() - start:.0f}s at {d}", flush=True)
     return d / "bin" / "python"
@@ -99,6 +95,14 @@ def main(argv: list[str]) -> int:
                   file=sys.stderr)
             return 1
         print(p)
+        return 0
+    if argv[:1] == ["--prune"]:
+        # venvs of spec versions no longer in the tree (never done implicitly: two checkouts may share the cache)
+        keep = {venv_dir(n) for n in specs()}
+        for old in CACHE.iterdir():
+            if old.is_dir() and old not in keep:
+                print(f"[engine-venv] removing {old}", flush=True)
+                shutil.rmtree(old, ignore_errors=True)
         return 0
     names = argv or [n for n in specs() if not optional(n)]
     unknown = [n for n in names if n not in specs()]
