@@ -89,6 +89,9 @@ def _install(name: str) -> Path:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--path"]:
+        if len(argv) < 2 or argv[1] not in specs():
+            print(f"usage: install.py --path NAME; known: {sorted(specs())}", file=sys.stderr)
+            return 2
         p = python_of(argv[1])
         if p is None:
             print(f"engine venv {argv[1]} is not built: run `.venv/bin/python engines-venv/install.py {argv[1]}`",
