@@ -228,3 +228,30 @@ def test_the_standin_refuses_what_trtllm_serve_refuses():
                                               "moe_config": {"load_balancer": {"num_slots": 260}}})
     problems = configuration_problems({"tensor_parallel_size": 16}, args, world=16, experts=256, heads=128)
     assert any("does not divide by the EP size 16" in p for p in problems)
+
+
+# ---- environment names ------------------------------------------------------------------------
+
+# Variables meshplan may set on a TensorRT-LLM pod, each with the documentation that defines it.
+# TensorRT-LLM reads none of meshplan's; its pods carry NCCL's (docs.nvidia.com/deeplearning/nccl/
+# user-guide/docs/env.html), libfabric's for EFA (FI_PROVIDER, FI_EFA_USE_DEVICE_RDMA: aws-ofi-nccl
+# docs), PyTorch's GLOO_SOCKET_IFNAME (torch.distributed docs), huggingface_hub's HF_TOKEN / HF_HOME,
+# and the operator's own MESHPLAN_* bootstrap variables (render/__init__.py).
+DOCUMENTED_ENV = {
+    "NCCL_P2P_LEVEL", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_NET",
+    "NCCL_NVLS_ENABLE", "NCCL_CUMEM_ENABLE", "NCCL_MNNVL_ENABLE", "FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA",
+    "GLOO_SOCKET_IFNAME", "HF_TOKEN", "HF_HOME",
+}
+
+
+def test_every_environment_name_on_a_trtllm_pod_is_documented():
+    names = set()
+    for family in sorted(FAMILIES):
+        nodes, layout, per_node, model, kw = FAMILIES[family]
+        out, _ = _render(nodes(), layout, per_node, model=model, **kw)
+        for group in out.groups:
+            for pod in group.pods:
+                names |= {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+    undocumented = {n for n in names if n not in DOCUMENTED_ENV and not n.startswith("MESHPLAN_")}
+    assert not undocumented, undocumented
+    assert {"NCCL_P2P_LEVEL", "MESHPLAN_NODE_RANK"} <= names       # the check saw real pods
