@@ -91,7 +91,9 @@ EXPECTED_WORKLOADS = (grants("meshplan.dev", ["llmdeployments"], READ + ["patch"
                       | grants("meshplan.dev", ["llmdeployments/status"], ["get", "patch", "update"])
                       | grants("meshplan.dev", ["llmdeployments/finalizers"], ["update"])
                       | grants("", ["pods", "services"], WRITE_CHILD)
-                      | grants("", ["events"], ["create", "patch"]))
+                      | grants("", ["events"], ["create", "patch"])
+                      # TensorRT-LLM multi-node: the deployment's ssh Secret (never listed or watched)
+                      | grants("", ["secrets"], ["get", "create", "patch"]))
 PEERING_VERBS = READ + ["patch"]
 # a namespace-scoped operator lists GPU pods of every namespace (free GPUs are shared)
 FOREIGN_PODS = grants("", ["pods"], ["list"])

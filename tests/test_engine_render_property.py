@@ -58,11 +58,12 @@ def test_the_sweep_covers_every_example_engine_and_fleet():
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_every_frontier_point_renders_for_its_engine(path, engine):
     llmd = _deployment(path, engine)
-    fitted, rendered, failures = [], 0, []
+    fitted, rendered, failures, reasons = [], 0, [], []
     for fleet, topology in TOPOLOGIES.items():
         plan = plan_for_spec(llmd.spec, topology.to_fleet(), space=_narrow(llmd.spec))
         if not plan.frontier:
             assert plan.reason                        # it does not fit this fleet, and says why
+            reasons.append(plan.reason)
             continue
         fitted.append(fleet)
         seen = set()
@@ -81,6 +82,8 @@ def test_every_frontier_point_renders_for_its_engine(path, engine):
             assert leader["command"] or leader["args"]
             rendered += 1
     assert not failures, "planned layouts the renderer refuses:\n" + "\n".join(failures)
+    if engine == "trtllm" and reasons and all("reads weight quantization from the checkpoint" in r for r in reasons):
+        return   # pinned weights the checkpoint does not ship: the search refuses them with TensorRT-LLM's reason
     assert fitted, f"{path.name} as {engine} fits none of {sorted(TOPOLOGIES)}"
     assert rendered > 0
 

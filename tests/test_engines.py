@@ -84,7 +84,8 @@ def test_trtllm_gpus_per_worker_identity():
         assert e.attention_tp * e.pp * e.attention_dp == e.moe_tp * e.moe_ep * e.pp == layout.gpus_per_replica
     e = engine_layout(Layout(tp=1, ep=16), "trtllm", GPT, max_num_seqs=128, chunk_size=2048, memory_fraction=0.85)
     assert e.config["enable_attention_dp"] is True and e.flags["--ep_size"] == 16
-    assert e.flags["--max_batch_size"] == 128 and e.flags["--max_num_tokens"] == 2048
+    # max_batch_size is per attention-DP rank: 128 per replica over 16 ranks (tests/test_trtllm_findings.py)
+    assert e.flags["--max_batch_size"] == 8 and e.flags["--max_num_tokens"] == 2048
     assert e.flags["--kv_cache_free_gpu_memory_fraction"] == 0.85
     mixed = engine_layout(Layout(tp=4, ep=4, pp=4), "trtllm", GPT)
     assert mixed.config["moe_tensor_parallel_size"] == 4 and mixed.flags["--tp_size"] == 16

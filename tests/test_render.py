@@ -133,7 +133,8 @@ def test_sglang_and_trtllm_multinode():
     assert "mpirun" not in script and script.rstrip().endswith('exec "$$@"')
     assert "mpirun" in line and "-np 16" in line and worker["metadata"]["name"] in line
     assert "-x NCCL_P2P_LEVEL" in line
-    assert worker["spec"]["containers"][0]["command"] == ["/usr/sbin/sshd"]
+    assert worker["spec"]["containers"][0]["command"] == ["/bin/sh", "-c"]
+    assert "exec /usr/sbin/sshd -D" in worker["spec"]["containers"][0]["args"][0]
 
 
 def test_single_pod_has_no_bootstrap_flags():

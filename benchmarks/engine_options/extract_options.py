@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
           "The option strings of each engine's server parser at the version meshplan pins, one tuple per\n"
           "parser action (aliases together), as the engine's own source spells them. See the tool's\n"
           'docstring for how each table was extracted."""\n')
-    print("VERSIONS: dict[str, str] = {'vllm': '0.12.0', 'sglang': '0.5.5', 'trtllm': '1.1.0'}")
+    print("VERSIONS: dict[str, str] = {'vllm': '0.12.0', 'sglang': '0.5.5', 'trtllm': '1.2.1'}")
     print(f"SOURCES: dict[str, str] = {sources!r}\n")
     print(_table("VLLM_OPTIONS", vllm(a.vllm_wheel)) + "\n")
     print(_table("SGLANG_OPTIONS", sglang(a.sglang_wheel)) + "\n")

@@ -146,6 +146,11 @@ ClusterRole when watching all namespaces, else in one Role per watched namespace
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# TensorRT-LLM multi-node deployments: the operator creates one Secret per deployment with the ssh keys
+# of its MPI world (meshplan.engines.trtllm_ssh); it never lists or watches Secrets.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create", "patch"]
 # kopf and the controller post Events on the LLMDeployment.
 - apiGroups: [""]
   resources: ["events"]

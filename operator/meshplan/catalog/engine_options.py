@@ -4,8 +4,8 @@ The option strings of each engine's server parser at the version meshplan pins, 
 parser action (aliases together), as the engine's own source spells them. See the tool's
 docstring for how each table was extracted."""
 
-VERSIONS: dict[str, str] = {'vllm': '0.12.0', 'sglang': '0.5.5', 'trtllm': '1.1.0'}
-SOURCES: dict[str, str] = {'vllm': 'vllm 0.12.0 wheel (vllm-0.12.0-cp38-abi3-manylinux_2_31_x86_64.whl): vllm/engine/arg_utils.py, vllm/entrypoints/openai/cli_args.py', 'sglang': 'sglang 0.5.5 wheel (sglang-0.5.5-py3-none-any.whl): sglang/srt/server_args.py', 'trtllm': 'NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py at commit 00209af149e7774406881a37283dce303571eb11 (the copy stored in the code search index, newer than the 1.1.0 tag: it already has --custom_tokenizer and --cp_size); the click options of `def serve`, copied by hand because the TensorRT-LLM wheels are not on PyPI. click matches option names exactly, so an extra option here cannot open an abbreviation'}
+VERSIONS: dict[str, str] = {'vllm': '0.12.0', 'sglang': '0.5.5', 'trtllm': '1.2.1'}
+SOURCES: dict[str, str] = {'vllm': 'vllm 0.12.0 wheel (vllm-0.12.0-cp38-abi3-manylinux_2_31_x86_64.whl): vllm/engine/arg_utils.py, vllm/entrypoints/openai/cli_args.py', 'sglang': 'sglang 0.5.5 wheel (sglang-0.5.5-py3-none-any.whl): sglang/srt/server_args.py', 'trtllm': 'NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py at commit 00209af149e7774406881a37283dce303571eb11 (the copy stored in the code search index, newer than the 1.1.0 tag: it already has --custom_tokenizer and --cp_size); the click options of `def serve`, copied by hand because the TensorRT-LLM wheels are not on PyPI. click matches option names exactly, so an extra option here cannot open an abbreviation. Labelled 1.2.1 (the pinned image) although the copy is not the v1.2.1 tag: neither the 1.2.1 wheel (PyPI serves a wheel-stub that downloads from the NVIDIA index) nor the tagged source is reachable here; tests/conformance/test_trtllm.py checks the options meshplan renders against the 1.2.1 facts it records'}
 
 VLLM_OPTIONS: tuple[tuple[str, ...], ...] = (
     ('--runner',),

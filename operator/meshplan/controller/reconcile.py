@@ -639,8 +639,12 @@ class Reconciler:
         holding = wr is not None and self.monotonic() < wr.retry_at      # back-off: do not hammer the API server
         new_refusal: tuple[str, dict, ApiError] | None = None
         applies = list(outcome.apply) if refused is None and not holding else []
+        ssh_checked = False
         for i, (desired, live) in enumerate(applies):
             try:
+                if live is None and desired.get("kind") == "Pod" and not ssh_checked:
+                    ssh_checked = True
+                    await ensure_trtllm_ssh_secret(kube, namespace, name, uid, [d for d, _ in applies])
                 if live is None and desired.get("kind") == "Service":
                     taken = await _taken_by_another(kube, desired, uid)
                     if taken is not None:
@@ -954,6 +958,32 @@ async def _taken_by_another(kube: Kube, desired: Mapping[str, Any], uid: str) ->
     dep = labels.get(LABEL_DEPLOYMENT)
     return (f'{desired["kind"]} "{meta["name"]}" already exists, owned by {owner}'
             + (f" (LLMDeployment {dep})" if dep and (not ctl or ctl.get("name") != dep) else ""))
+
+
+async def ensure_trtllm_ssh_secret(kube: Kube, namespace: str, name: str, uid: str,
+                                   desired: list[Mapping[str, Any]]) -> bool:
+    """Create the ssh Secret the TensorRT-LLM multi-node pods about to be created mount (True when created).
+
+    The keys are generated here once (`meshplan.engines.trtllm_ssh`); the Secret is owned by the
+    LLMDeployment, so it goes with it, and an existing one is kept as it is (running pods hold its keys).
+    A same-named Secret this deployment does not own is never overwritten: a 409 NameCollision, which
+    the caller reports like any refused create.
+    """
+    from meshplan.engines.trtllm_ssh import needs_ssh_secret, ssh_secret
+    from meshplan.render.workloads import base_labels, owner_reference
+
+    secret = needs_ssh_secret(list(desired))
+    if secret is None:
+        return False
+    live = await kube.get("v1", "Secret", namespace, secret)
+    if live is not None:
+        if _owned_by(live, uid):
+            return False
+        raise ApiError(409, "NameCollision", f"Secret {secret} exists and is not owned by LLMDeployment {name}: "
+                       "the TensorRT-LLM multi-node pods mount their ssh keys from it; rename or remove it")
+    await kube.apply(ssh_secret(name, namespace, owner_reference(name, uid), base_labels(name, "trtllm")),
+                     applier.FIELD_MANAGER, force=True)
+    return True
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:

@@ -142,6 +142,7 @@ class ServingOptions:
     extra_args: tuple[str, ...] = ()
     allow_plan_override: bool = False
     port: int = HTTP_PORT
+    num_experts: int = 0                    # routed experts of the model (0: dense or unknown); TRT-LLM EPLB slots
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ class PodRole:
     leader_host: str = "localhost"
     peer_hosts: tuple[str, ...] = ()        # every pod's DNS name by rank (TRT-LLM's MPI host list)
     env_names: tuple[str, ...] = ()         # variables mpirun must forward (TRT-LLM)
+    deployment: str = ""                    # the LLMDeployment's name (TRT-LLM: its ssh Secret)
 
     @property
     def leader(self) -> bool:
@@ -167,6 +169,8 @@ class EngineCommand:
     serves_http: bool
     ports: tuple[tuple[str, int], ...]
     explain: tuple[Explanation, ...] = field(default=())
+    volumes: tuple[dict[str, Any], ...] = ()         # pod volumes the command needs (TRT-LLM: the ssh Secret)
+    volume_mounts: tuple[dict[str, Any], ...] = ()
 
 
 class RenderError(ValueError):

@@ -13,7 +13,15 @@ Multi-node: one MPI world (Dynamo/LWS TRT-LLM multi-node examples): workers run 
 2222, the leader runs `mpirun -H pod0:g,pod1:g ... trtllm-llmapi-launch trtllm-serve ...` and
 forwards the environment with `-x`. The leader's `/bin/sh -c` script only writes the LLM-API
 options file and `exec "$@"`s the command line, which follows it as arguments: no user value is
-ever shell text.
+ever shell text. The release image ships no ssh keys, so the operator provisions them: one
+Secret per deployment (`ssh_secret_name`, made by `meshplan.engines.trtllm_ssh`, created and
+owned by the controller) with a client key pair, a host key and `known_hosts`, mounted read-only
+(mode 0400) on every pod of a multi-node group; sshd and ssh are pointed at those files by
+command-line options, so nothing of the image is changed (docs/trtllm-multinode.md).
+
+Version: TensorRT-LLM 1.2.1 (`VERSION`), the newest release. Its PyPI package is a 10 kB
+wheel-stub that downloads the real wheel from NVIDIA's own index at install time, which this
+project cannot reach; tests/conformance/test_trtllm.py says which check stands in.
 """
 
 from __future__ import annotations
@@ -31,17 +39,160 @@ from meshplan.engines.base import (
     flag_items,
     flatten,
     merge_extra,
-    weight_flags,
+    RenderError,
 )
 from meshplan.planner.types import Candidate, Layout
+from dataclasses import dataclass
 
 NAME = "trtllm"
 TITLE = "TensorRT-LLM"
-DEFAULT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.1.0"
+# The NGC release image of 1.2.1, spelled as the TensorRT-LLM docs spell release tags (no "v":
+# `nvcr.io/nvidia/tensorrt-llm/release:1.0.0` in "Run benchmarking with trtllm-serve", 1.0.0 docs;
+# the same scheme for every release since). 1.2.1 is the newest release (PyPI lists tensorrt-llm
+# 1.2.1); 1.1.0, pinned before, was a year behind (issue #15).
+VERSION = "1.2.1"
+DEFAULT_IMAGE = f"nvcr.io/nvidia/tensorrt-llm/release:{VERSION}"
 
 TRTLLM_SSH_PORT = 2222
 TRTLLM_OPTIONS_PATH = "/tmp/meshplan-llm-api-options.yaml"
 TRTLLM_SCRIPT_NAME = "meshplan-trtllm"   # $0 of the leader's `sh -c` script
+TRTLLM_SSHD_SCRIPT_NAME = "meshplan-trtllm-sshd"   # $0 of a worker's `sh -c` script
+
+# Operator-provisioned ssh material (meshplan.engines.trtllm_ssh makes it; the controller owns the Secret).
+SSH_VOLUME = "trtllm-ssh"
+SSH_DIR = "/etc/meshplan/ssh"
+SSH_CLIENT_KEY = "id_ed25519"               # the leader's mpirun -> ssh identity
+SSH_HOST_KEY = "ssh_host_ed25519_key"       # every worker's sshd host key
+SSH_AUTHORIZED_KEYS = "authorized_keys"     # the client key's public half
+SSH_KNOWN_HOSTS = "known_hosts"             # `* ssh-ed25519 <host public key>`: ssh verifies the workers
+SSH_SECRET_KEYS = (SSH_CLIENT_KEY, SSH_HOST_KEY, SSH_AUTHORIZED_KEYS, SSH_KNOWN_HOSTS)
+SSH_FILE_MODE = 0o400   # ssh and sshd refuse private keys readable by group/others (sshkey_perm_ok)
+
+# A worker: sshd of the image, told where the operator's files are. /run/sshd is sshd's privilege
+# separation directory (sshd exits "Missing privilege separation directory" without it); sshd must
+# be started by absolute path to re-exec. StrictModes=no: a Secret volume's directories are not
+# the 0755 root-owned tree StrictModes insists on for authorized_keys; the files themselves are
+# 0400 and read-only. SetEnv hands mpirun's remote `orted` the container's own PATH and
+# LD_LIBRARY_PATH (an ssh session starts with sshd's default PATH, which lacks the image's MPI).
+SSHD_SCRIPT = (
+    "mkdir -p /run/sshd\n"
+    f"exec /usr/sbin/sshd -D -e -p {TRTLLM_SSH_PORT} -h {SSH_DIR}/{SSH_HOST_KEY}"
+    f" -o AuthorizedKeysFile={SSH_DIR}/{SSH_AUTHORIZED_KEYS} -o StrictModes=no"
+    " -o PermitRootLogin=prohibit-password -o PasswordAuthentication=no"
+    ' -o "SetEnv=PATH=$PATH LD_LIBRARY_PATH=$LD_LIBRARY_PATH"\n'
+)
+# The leader's ssh client options for mpirun (Open MPI `plm_rsh_args`): the operator's identity and
+# known_hosts, host keys checked (no StrictHostKeyChecking=no), never a password prompt.
+SSH_CLIENT_ARGS = (f"-p {TRTLLM_SSH_PORT} -i {SSH_DIR}/{SSH_CLIENT_KEY} -o UserKnownHostsFile={SSH_DIR}/{SSH_KNOWN_HOSTS}"
+                   " -o StrictHostKeyChecking=yes -o BatchMode=yes")
+
+
+def ssh_secret_name(deployment: str) -> str:
+    """The Secret holding one deployment's ssh material (created and owned by the controller)."""
+    from meshplan.render.workloads import child_name
+
+    return child_name(deployment, "trtllm-ssh")
+
+
+def ssh_volumes(deployment: str) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
+    """(volumes, volume mounts) of a multi-node group's pods: the Secret, read-only, mode 0400."""
+    vol = {"name": SSH_VOLUME, "secret": {"secretName": ssh_secret_name(deployment), "defaultMode": SSH_FILE_MODE}}
+    mount = {"name": SSH_VOLUME, "mountPath": SSH_DIR, "readOnly": True}
+    return (vol,), (mount,)
+
+
+# ---- the plan's knobs as trtllm-serve's flags mean them -------------------------------------
+
+@dataclass(frozen=True)
+class RankKnobs:
+    """Same fields as the planner's per-engine knob mapping (vLLM's `EngineKnobs`): flag values, and what
+    one replica then runs."""
+
+    chunk_size: int | None            # --max_num_tokens
+    max_num_seqs: int | None          # --max_batch_size
+    replica_max_num_seqs: int | None  # sequences one replica runs at once with that flag
+    ranks: int = 1                    # schedulers per replica the batch limit applies to
+
+
+def attention_dp(layout: Layout) -> bool:
+    """Attention DP over the whole stage: EP without TP (see the module doc)."""
+    return layout.ep > 1 and layout.tp == 1
+
+
+def knobs(layout: Layout, chunk_size: int | None, max_num_seqs: int | None) -> RankKnobs:
+    """The ONE mapping of the plan's knobs to trtllm-serve's flags (search prices it, `layout` renders it).
+
+    Under attention DP every DP rank runs its own scheduler and `max_batch_size` is per rank
+    (TensorRT-LLM "Parallelism in TensorRT LLM": with enable_attention_dp requests are routed to
+    the DP ranks, each with its own batch; the AIConfigurator/TRT-LLM wide-EP recipes give
+    max_batch_size per GPU): the plan's per-replica S becomes max(1, S // ranks) per rank, and
+    the replica runs that times the ranks. `max_num_tokens` is per rank too, which is what the
+    plan's chunk means (planner.perf: each attention-DP rank's step carries `chunk` tokens).
+    """
+    ranks = layout.ep if attention_dp(layout) else 1
+    if not max_num_seqs:
+        return RankKnobs(chunk_size, max_num_seqs, max_num_seqs, ranks)
+    per_rank = max(1, int(max_num_seqs) // ranks)
+    return RankKnobs(chunk_size, per_rank, per_rank * ranks, ranks)
+
+
+# ---- precision ------------------------------------------------------------------------------
+
+# kv_cache_config.dtype values trtllm-serve's PyTorch backend turns into a KV format: "auto" (the
+# model's dtype, or what the checkpoint's quantization config says) and "fp8"
+# (TorchLlmArgs.sync_quant_config_with_kv_cache_config_dtype sets kv_cache_quant_algo FP8 for
+# "fp8" only and merely warns for any other value; tensorrt_llm/llmapi/llm_args.py).
+KV_DTYPES = {"bf16": None, "fp16": None, "fp8": "fp8"}
+
+
+def check_precision(weight_dtype: str, kv_dtype: str, checkpoint_dtype: str) -> str | None:
+    """Why trtllm-serve cannot run these weights / KV dtypes from this checkpoint (None when it can).
+
+    TensorRT-LLM reads weight quantization from the checkpoint (ModelOpt's hf_quant_config.json /
+    config.json quantization_config; "Quantization" in the TensorRT-LLM docs): it has no online
+    quantization, so the planned weight dtype must be the checkpoint's (bf16 <-> fp16 is a cast,
+    the LLM-API `dtype`).
+
+    `checkpoint_dtype` "" means not known (a model without a real checkpoint, e.g. the seeds' gpt-moe-1.8t):
+    then only the KV dtype is checked.
+    """
+    ckpt = checkpoint_dtype
+    if ckpt and weight_dtype != ckpt and not (weight_dtype in ("bf16", "fp16") and ckpt in ("bf16", "fp16")):
+        return (f"spec.precision.weights {weight_dtype}: TensorRT-LLM reads weight quantization from the checkpoint "
+                f"(no online quantization) and this checkpoint ships {ckpt} weights: point spec.model.weights at a "
+                f"{weight_dtype} checkpoint (e.g. NVIDIA ModelOpt's) or set spec.precision.weights to auto or {ckpt}")
+    if kv_dtype not in KV_DTYPES:
+        return (f"spec.precision.kvCache {kv_dtype}: trtllm-serve sets only an fp8 KV cache from its options "
+                "(kv_cache_config.dtype; other KV formats come from the checkpoint's quantization config): "
+                "set spec.precision.kvCache to fp8, bf16 or auto")
+    return None
+
+
+# ---- EPLB -----------------------------------------------------------------------------------
+
+def load_balancer(serving: ServingOptions, moe_ep: int, explain: list[Explanation]) -> dict[str, Any] | None:
+    """`moe_config.load_balancer` for `expertLoadBalancing: enabled`, or None (with the reason).
+
+    TensorRT-LLM's MoE load balancer (MoeLoadBalancerConfig: `num_slots`, `layer_updates_per_iter`;
+    TensorRT-LLM "Wide Expert Parallelism" docs and examples/wide_ep) places `num_slots` expert
+    copies over the EP ranks; slots beyond the experts are the redundant copies it moves to hot
+    experts, and `layer_updates_per_iter > 0` makes it rebalance online. meshplan gives every EP
+    rank one redundant slot: num_slots = experts + EP size (the wide-EP example's DeepSeek-R1 EP32:
+    256 experts, 288 slots), which divides by the EP size because the experts do (check_layout).
+    """
+    if serving.expert_load_balancing != "enabled":
+        return None
+    if moe_ep <= 1 or not serving.num_experts:
+        why = ("the layout has no expert parallelism" if moe_ep <= 1 else
+               "the model's expert count is not known, so the slots cannot be sized")
+        explain.append(Explanation("expertLoadBalancing", "enabled", f"not rendered: {why}",
+                                   "TensorRT-LLM MoE load balancer", "warning"))
+        return None
+    slots = serving.num_experts + moe_ep
+    explain.append(Explanation("moe_config.load_balancer", f"num_slots {slots}",
+                               f"{serving.num_experts} experts + {moe_ep} redundant (one per EP rank), rebalanced "
+                               "online (layer_updates_per_iter 1)", "TensorRT-LLM wide-EP load balancer"))
+    return {"num_slots": slots, "layer_updates_per_iter": 1}
 
 
 def check_layout(layout: Layout, model: Any = None, *, a2a_backend: str | None = None) -> str | None:
@@ -71,20 +222,24 @@ def layout(layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int |
         flags["--ep_size"] = ep
         config["moe_expert_parallel_size"] = ep
         config["moe_tensor_parallel_size"] = tp
-    attention_dp = ep > 1 and tp == 1
-    config["enable_attention_dp"] = attention_dp
+    adp = attention_dp(layout)
+    config["enable_attention_dp"] = adp
     exact = not (tp > 1 and ep > 1)
-    if attention_dp:
+    if adp:
         eff = dict(attention_tp=1, attention_dp=ep, moe_tp=1, moe_ep=ep)
     else:
         eff = dict(attention_tp=tp * ep, attention_dp=1, moe_tp=tp, moe_ep=ep)
     if not exact:
         notes.append(f"TensorRT-LLM runs attention either TP or DP over a whole stage: attention runs "
                      f"TP{tp * ep} (not TP{tp}xDP{ep}); MoE runs TP{tp}xEP{ep} as planned")
-    if chunk_size:
-        flags["--max_num_tokens"] = chunk_size
-    if max_num_seqs:
-        flags["--max_batch_size"] = max_num_seqs
+    k = knobs(layout, chunk_size, max_num_seqs)
+    if k.chunk_size:
+        flags["--max_num_tokens"] = k.chunk_size
+    if k.max_num_seqs:
+        flags["--max_batch_size"] = k.max_num_seqs
+        if k.ranks > 1:
+            notes.append(f"--max_batch_size {k.max_num_seqs} per attention-DP rank: {k.ranks} ranks run "
+                         f"{k.replica_max_num_seqs} sequences per replica (planned {max_num_seqs})")
     if memory_fraction:
         flags["--kv_cache_free_gpu_memory_fraction"] = memory_fraction
     if kv_dtype == "fp8":
@@ -94,26 +249,47 @@ def layout(layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int |
 
 def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: EngineLayout,
             explain: list[Explanation]) -> EngineCommand:
+    # The KV dtype is refused here too; the weights' rule needs to know whether the checkpoint's dtype is
+    # real (the planner's search knows: check_precision there), so the renderer warns.
+    refused = check_precision(candidate.weight_dtype, candidate.kv_dtype, "")
+    if refused:
+        raise RenderError(refused)
+    ckpt = serving.checkpoint_dtype or "bf16"
+    if check_precision(candidate.weight_dtype, candidate.kv_dtype, ckpt):
+        explain.append(Explanation("weights", candidate.weight_dtype,
+                                   "TensorRT-LLM reads quantization from the checkpoint (ModelOpt): point "
+                                   f"spec.model.weights at a {candidate.weight_dtype} checkpoint",
+                                   "TensorRT-LLM quantization docs", "warning"))
     flags: dict[str, Any] = {}
     ports: list[tuple[str, int]] = []
     multi = role.pods > 1
+    volumes: tuple[dict[str, Any], ...] = ()
+    mounts: tuple[dict[str, Any], ...] = ()
+    if multi:
+        volumes, mounts = ssh_volumes(role.deployment)
     if multi and not role.leader:
         explain.append(Explanation("command", "sshd", "TensorRT-LLM runs one MPI world: worker pods host MPI ranks "
-                                   "started by the leader's mpirun", "TensorRT-LLM/Dynamo multi-node examples"))
-        return EngineCommand(("/usr/sbin/sshd",), ("-D", "-p", str(TRTLLM_SSH_PORT)), False,
-                             (("ssh", TRTLLM_SSH_PORT),), tuple(explain))
+                                   "started by the leader's mpirun over ssh; host key and authorized key from the "
+                                   f"operator's Secret {ssh_secret_name(role.deployment)}",
+                                   "TensorRT-LLM/Dynamo multi-node examples"))
+        return EngineCommand(("/bin/sh", "-c"), (SSHD_SCRIPT, TRTLLM_SSHD_SCRIPT_NAME), False,
+                             (("ssh", TRTLLM_SSH_PORT),), tuple(explain), volumes, mounts)
     flags["--host"] = "0.0.0.0"
     flags["--port"] = serving.port
     flags["--backend"] = "pytorch"
     flags.update(el.flags)
-    weight_flags(NAME, candidate.weight_dtype, serving.checkpoint_dtype, explain)
     if serving.max_model_len:
         flags["--max_seq_len"] = serving.max_model_len
     options: dict[str, Any] = dict(el.config)
+    if candidate.weight_dtype != ckpt and candidate.weight_dtype in ("bf16", "fp16") and ckpt in ("bf16", "fp16"):
+        options["dtype"] = "bfloat16" if candidate.weight_dtype == "bf16" else "float16"
     options["enable_chunked_prefill"] = True
     kv = dict(options.get("kv_cache_config") or {})
     kv["enable_block_reuse"] = serving.prefix_caching
     options["kv_cache_config"] = kv
+    lb = load_balancer(serving, el.moe_ep, explain)
+    if lb:
+        options["moe_config"] = {"load_balancer": lb}
     if serving.cuda_graphs == "disabled":
         options["cuda_graph_config"] = None
     if serving.scheduling_policy == "priority":
@@ -133,15 +309,16 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
         world = role.pods * role.gpus_per_pod
         hosts = ",".join(f"{h}:{role.gpus_per_pod}" for h in role.peer_hosts)
         launch = ["mpirun", "--allow-run-as-root", "-np", str(world), "-H", hosts,
-                  "--mca", "plm_rsh_args", f"-p {TRTLLM_SSH_PORT} -o StrictHostKeyChecking=no"]
+                  "--mca", "plm_rsh_args", SSH_CLIENT_ARGS]
         for name in role.env_names:
             launch += ["-x", name]
         serve = launch + ["trtllm-llmapi-launch"] + serve
         ports.append(("ssh", TRTLLM_SSH_PORT))
         explain.append(Explanation("mpirun -np", str(world), f"one MPI world over {role.pods} pods "
-                                   f"({role.gpus_per_pod} ranks each), environment forwarded with -x",
+                                   f"({role.gpus_per_pod} ranks each), environment forwarded with -x; ssh with the "
+                                   f"operator's key and known_hosts (Secret {ssh_secret_name(role.deployment)})",
                                    "TensorRT-LLM/Dynamo multi-node examples"))
     text = yaml.safe_dump(options, sort_keys=True).strip()
     script = f"cat > {TRTLLM_OPTIONS_PATH} <<'EOF'\n{text}\nEOF\nexec \"$@\"\n"
     return EngineCommand(("/bin/sh", "-c"), (script, TRTLLM_SCRIPT_NAME, *serve), role.leader,
-                         tuple([("http", serving.port)] + ports), tuple(explain))
+                         tuple([("http", serving.port)] + ports), tuple(explain), volumes, mounts)

@@ -49,6 +49,13 @@ def check_knobs(engine: Engine, chunk_size: int | None, max_num_seqs: int | None
     return _engines.get(engine).check_knobs(chunk_size, max_num_seqs)
 
 
+def check_precision(engine: Engine, weight_dtype: str, kv_dtype: str, checkpoint_dtype: str) -> str | None:
+    """Why `engine` cannot run these weight / KV dtypes from a `checkpoint_dtype` checkpoint (None when it
+    can): the engine module's `check_precision` where it has one (TensorRT-LLM), else None."""
+    rule = getattr(_engines.get(engine), "check_precision", None)
+    return rule(weight_dtype, kv_dtype, checkpoint_dtype) if rule else None
+
+
 def check_layout(layout: Layout, engine: Engine, model: Any = None, *, a2a_backend: str | None = None,
                  gpus_per_node: int | None = None) -> str | None:
     """Why `engine` cannot run `layout` (None when it can).
@@ -90,4 +97,4 @@ def engine_layout(
                                        memory_fraction=memory_fraction, kv_dtype=kv_dtype, a2a_backend=a2a_backend)
 
 
-__all__ = ["ENGINES", "EngineLayout", "check_knobs", "check_layout", "check_pods", "engine_layout", "replica_pods"]
+__all__ = ["ENGINES", "EngineLayout", "check_knobs", "check_layout", "check_precision", "check_pods", "engine_layout", "replica_pods"]

@@ -305,6 +305,11 @@ def search(
                              f"while loading (--quantization {wd})")
         if kd == "auto":
             kd = auto_k
+    # dtypes the engine cannot run from this checkpoint (TensorRT-LLM: no online quantization) are never planned
+    ckpt = (getattr(model, "native_dtype", "") or "bf16") if getattr(model, "checkpoint_fixed", False) else ""
+    refused = engines_mod.check_precision(engine, wd, kd, ckpt)
+    if refused:
+        return SearchResult((), (Rejected(Layout(), f"engine: {refused}"),), (), wd, kd, 0, tuple(notes))
     context = workload.context
     shapes, rejected = enumerate_shapes(model, gpu, max_gpus, space=space, engine=engine, fleet=fleet,
                                         memory_fn=memory_fn, weight_dtype=wd, kv_dtype=kd,

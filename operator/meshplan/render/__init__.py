@@ -137,7 +137,8 @@ def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOpt
     """10 hex chars over everything that shapes the pods except their nodes."""
     # fields added after v1alpha1 shipped enter the hash only when set, so an operator upgrade does not
     # change the hash (and roll) of groups that do not use them
-    added = {"load_format": None, "weights_refusal": "", "weights_env": (), "volumes": (), "volume_mounts": ()}
+    added = {"load_format": None, "weights_refusal": "", "weights_env": (), "volumes": (), "volume_mounts": (),
+             "num_experts": 0}
 
     def _asdict(obj: Any) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(obj).items() if not (k in added and v == added[k])}
@@ -222,7 +223,7 @@ def render_group(
     all_ports: dict[str, int] = {}
     for p in replica.pods:
         role = PodRole(rank=p.rank, pods=n_pods, gpus_per_pod=gpus_per_pod, leader_host=hosts[0],
-                       peer_hosts=hosts, env_names=env_names)
+                       peer_hosts=hosts, env_names=env_names, deployment=name)
         cmd = engine_command(candidate, serving, role)
         commands.append(cmd)
         for pn, port in cmd.ports:
@@ -261,8 +262,8 @@ def render_group(
             compute_domain_claim_template=claim_template,
             service_account=pods.service_account,
             gpu_resource=node.resource,
-            volumes=pods.volumes,
-            volume_mounts=pods.volume_mounts,
+            volumes=(*pods.volumes, *cmd.volumes),
+            volume_mounts=(*pods.volume_mounts, *cmd.volume_mounts),
         )
         out_pods.append(pod)
     svc = headless_service(name=svc_name, namespace=ns, owner=owner_ref, labels=group_labels,
