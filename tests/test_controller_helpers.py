@@ -139,7 +139,7 @@ def test_stored_plan_round_trips_and_is_used_only_for_the_same_inputs():
 
     topo = build_topology(fleet_nodes(load_fleet("hgx-h100")), ready_if_unknown=True)
     spec = _spec()
-    plan = plan_for_spec(spec, topo.to_fleet())
+    plan = plan_for_spec(spec, topo)
     key = plan_key(spec, topo)
     value = plan_to_annotation(key, plan)
     back = plan_from_annotation(value, key)
@@ -172,7 +172,7 @@ def test_an_edited_plan_annotation_is_not_believed():
 
     topo = build_topology(fleet_nodes(load_fleet("hgx-h100")), ready_if_unknown=True)
     spec = _pinned_spec()
-    honest = plan_for_spec(spec, topo.to_fleet())
+    honest = plan_for_spec(spec, topo)
     assert honest.choice.layout.tp == 4 and verify_stored_plan(honest, spec, topo) == []
     key = plan_key(spec, topo)
 

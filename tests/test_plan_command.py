@@ -212,12 +212,20 @@ def test_cli_unreadable_kubeconfig_is_a_clear_error(tmp_path, capsys):
     assert "cannot read Nodes and Pods through --kubeconfig" in capsys.readouterr().err
 
 
-def test_cross_domain_groups_only_when_allowed():
+def test_wide_ep_spans_domains_tp_never_does_unless_pinned():
+    """Issue 18: an EP stage larger than the 8-GPU domain may span domains (wide EP); TP never crosses one
+    unless pinned; crossDomain never keeps every stage inside a domain."""
     spec = spec_of(model={"name": "deepseek-r1"}, gpus={"products": ["h200"], "maxGpus": 16},
                    parallelism={"pipeline": 1, "chunkSize": 2048, "maxNumSeqs": 64})
-    inside = plan_for_spec(spec)
-    assert all(c.layout.gpus_per_stage <= 8 for c in inside.frontier)
-    assert any("exceeds the 8-GPU NVLink domain" in r.reason for r in inside.rejected)
-    across = plan_for_spec(spec, allow_cross_domain=True)
-    assert not any("NVLink domain" in r.reason for r in across.rejected)
-    assert across.extra["per_gpu"]["h200_sxm"]["shapes"] > inside.extra["per_gpu"]["h200_sxm"]["shapes"]
+    auto = plan_for_spec(spec)
+    assert not any(r.layout.gpus_per_stage > 8 and r.layout.tp <= 8 and "NVLink domain" in r.reason
+                   for r in auto.rejected)
+    assert all(c.layout.tp <= 8 for c in auto.frontier)
+    assert any("TP16 exceeds the 8-GPU NVLink domain" in r.reason for r in auto.rejected)
+    never = plan_for_spec(spec, cross_domain="never")
+    assert all(c.layout.gpus_per_stage <= 8 for c in never.frontier)
+    assert any("crossDomain is never" in r.reason for r in never.rejected)
+    assert auto.extra["per_gpu"]["h200_sxm"]["shapes"] > never.extra["per_gpu"]["h200_sxm"]["shapes"]
+    pinned = plan_for_spec(spec_of(model={"name": "deepseek-r1"}, gpus={"products": ["h200"], "maxGpus": 16},
+                                   parallelism={"tensor": 16, "pipeline": 1, "chunkSize": 2048, "maxNumSeqs": 64}))
+    assert not any("exceeds the 8-GPU NVLink domain" in r.reason for r in pinned.rejected)

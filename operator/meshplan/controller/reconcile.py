@@ -147,10 +147,10 @@ def _capacity_message(spec: Any, topology: Topology, reason: str,
     from meshplan.planner import plan_for_spec
 
     sel = dict(spec.gpus.node_selector or {})
-    whole = empty.select(sel).to_fleet() if empty is not None else None
+    whole = empty.select(sel) if empty is not None else None
     if whole is not None and not whole.gpus():
         whole = None
-    fleet = topology.select(sel).to_fleet()
+    fleet = topology.select(sel)
     if fleet.unknown and not fleet.gpus():
         # Not capacity: the nodes' GPUs are there but their product is not known (named, with its label).
         return "UnknownGPUProduct", reason
@@ -278,7 +278,7 @@ def verify_stored_plan(plan: Any, spec: Any, topology: Topology) -> list[str]:
                    f"per replica x {max(fewest, 1)}")
     if out:
         return out
-    fleet = topology.select(dict(spec.gpus.node_selector or {})).to_fleet()
+    fleet = topology.select(dict(spec.gpus.node_selector or {}))
     base = plan_inputs_from_spec(spec)["space"]
 
     def planner_agrees(cand: Any) -> bool:
@@ -886,7 +886,7 @@ class Reconciler:
             self.plans_moved.add(uid)       # rewrite the annotation with the plan made now
         t0 = time.monotonic()
         try:
-            plan = plan_for_spec(spec, topology.select(dict(spec.gpus.node_selector or {})).to_fleet())
+            plan = plan_for_spec(spec, topology.select(dict(spec.gpus.node_selector or {})))
         except ValueError as exc:
             return str(exc)
         finally:

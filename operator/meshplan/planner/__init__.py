@@ -329,18 +329,18 @@ def plan_inputs_from_spec(spec: Any) -> dict[str, Any]:
     )
 
 
-def plan_for_spec(spec: Any, fleet: Any = None, *, allow_cross_domain: bool = False, **overrides: Any) -> Plan:
-    """Plan an `LLMDeploymentSpec`, restricted to `fleet` (a `planner.fleet.Fleet`) when given.
+def plan_for_spec(spec: Any, fleet: Any = None, *, cross_domain: str | None = None, **overrides: Any) -> Plan:
+    """Plan an `LLMDeploymentSpec`, restricted to `fleet` (a `meshplan.topology.Topology`) when given.
 
     GPU products: `spec.gpus.products`, else the fleet's, else `DEFAULT_GPU`.
-    `allow_cross_domain` lets TP/EP groups span NVLink domains over the NIC
-    (priced by the performance model; placement keeps its own rule).
+    `cross_domain` ("auto" | "never", `SearchSpace.cross_domain`; None: the default "auto") decides whether an
+    EP stage larger than every NVLink domain may span the domains of one network block.
     """
     from dataclasses import replace
 
     kw = plan_inputs_from_spec(spec)
-    if allow_cross_domain:
-        kw["space"] = replace(kw["space"], allow_cross_domain=True)
+    if cross_domain is not None:
+        kw["space"] = replace(kw["space"], cross_domain=cross_domain)
     if kw["gpus"] is None:
         kw["gpus"] = list(fleet.gpus()) if fleet is not None and fleet.gpus() else [DEFAULT_GPU]
     else:
