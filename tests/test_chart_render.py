@@ -175,6 +175,9 @@ def test_network_values_reach_the_operator_as_it_reads_them():
     assert cfg.label == "cloud.google.com/gce-topology-block"
     assert cfg.rdma_resources == (("rdma/rdma_shared_device_a", "roce"),)
     assert "rdmaResources" in render_error({"network": {"rdmaResources": ["rdma/ib=omnipath"]}})
+    env = {e["name"]: e.get("value") for e in container(render({
+        "network": {"multusNetworks": ["net-a", "infra/net-b"]}}), "Deployment")["env"]}
+    assert network_config_from_env(env).multus_networks == ("net-a", "infra/net-b")
 
 
 def test_namespaced_watch_args_and_roles():

@@ -32,6 +32,7 @@ def rdma_node(name: str, resource: str = "rdma/ib", count: int = 8, zone: str = 
 
 def test_nodes_with_one_rdma_resource_in_one_zone_form_one_block():
     topo = build_topology([rdma_node(f"h{i}") for i in range(4)] + [rdma_node("tcp", resource="")])
+    assert build_topology([rdma_node("h0")], name="f").name == "f"
     assert [(b.name, b.fabric, b.resource, b.domains, b.total_gpus) for b in topo.blocks] == [
         ("zone-a", "ib", "rdma/ib", ("h0", "h1", "h2", "h3"), 32)]
     assert topo.domain("tcp").block == "" and topo.domain("h0").rdma_per_node == 8

@@ -229,3 +229,30 @@ def test_wide_ep_spans_domains_tp_never_does_unless_pinned():
     pinned = plan_for_spec(spec_of(model={"name": "deepseek-r1"}, gpus={"products": ["h200"], "maxGpus": 16},
                                    parallelism={"tensor": 16, "pipeline": 1, "chunkSize": 2048, "maxNumSeqs": 64}))
     assert not any("exceeds the 8-GPU NVLink domain" in r.reason for r in pinned.rejected)
+
+
+def test_deepseek_on_hgx_explains_single_node_against_wide_ep():
+    """Issue 18 'Done when': on HGX H100 and H200 (RDMA fleets) the plan chooses a layout that renders and
+    explains it against the single-node and the wide-EP alternatives."""
+    from meshplan.planner.fleet import load_fleet
+    from meshplan.render.pipeline import plan_place_render
+
+    for fleet_name, product in (("hgx-h100-ib", "NVIDIA-H100-80GB-HBM3"), ("hgx-h200-ib", "NVIDIA-H200")):
+        m = manifest()
+        m["spec"].update(model={"name": "deepseek-r1"}, engine={"kind": "sglang"},
+                         gpus={"products": [product], "maxGpus": 32},
+                         workload={"inputTokens": 1024, "outputTokens": 4096, "concurrency": 256},
+                         parallelism={"pipeline": 1})
+        llmd = LLMDeployment.from_manifest(m)
+        fleet = load_fleet(fleet_name)
+        p = plan_for_spec(llmd.spec, fleet)
+        line = p.extra["topology"]
+        assert "inside one NVLink domain" in line and "wide EP across NVLink domains" in line, line
+        if fleet_name == "hgx-h100-ib":
+            # 671 GB of FP8 weights do not fit one 8 x 80 GB node: the single-node side says why
+            assert "best inside one NVLink domain: none (" in line and "memory" in line
+            assert p.choice.layout.gpus_per_stage > 8
+        else:
+            assert "tokens/s/GPU" in line.split("wide EP")[1]
+        res = plan_place_render(llmd, fleet, plan=p)
+        assert res.rendered is not None and res.rendered.groups, (fleet_name, p.choice.layout)

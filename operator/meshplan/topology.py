@@ -149,6 +149,9 @@ class NetworkConfig:
 
     block_label: str = ""                       # '' -> topology.kubernetes.io/zone
     rdma_resources: tuple[tuple[str, str], ...] = DEFAULT_RDMA_RESOURCES   # (resource name or prefix*, fabric)
+    # Multus NetworkAttachmentDefinitions (`name` or `namespace/name`) the pods that request an RDMA resource
+    # attach to (annotation k8s.v1.cni.cncf.io/networks, Multus docs "how to use"); empty: none.
+    multus_networks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name, fabric in self.rdma_resources:
@@ -173,8 +176,9 @@ def network_config_from_env(env: Mapping[str, str]) -> NetworkConfig:
     ValueError naming the variable (the operator stops at start rather than plan without blocks)."""
     label = (env.get("MESHPLAN_NETWORK_BLOCK_LABEL") or "").strip()
     raw = (env.get("MESHPLAN_RDMA_RESOURCES") or "").strip()
+    multus = tuple(n.strip() for n in (env.get("MESHPLAN_MULTUS_NETWORKS") or "").split(",") if n.strip())
     if not raw:
-        return NetworkConfig(label)
+        return NetworkConfig(label, multus_networks=multus)
     pairs = []
     for item in raw.split(","):
         name, sep, fabric = item.strip().partition("=")
@@ -182,7 +186,7 @@ def network_config_from_env(env: Mapping[str, str]) -> NetworkConfig:
             raise ValueError(f"MESHPLAN_RDMA_RESOURCES: {item!r} is not name=fabric (e.g. rdma/ib=ib); "
                              f"fabrics: {', '.join(FABRICS)}")
         pairs.append((name.strip(), fabric.strip()))
-    return NetworkConfig(label, tuple(pairs))
+    return NetworkConfig(label, tuple(pairs), multus)
 
 
 # The operator's network configuration (read once at start); pure functions take it as an argument.
@@ -1015,6 +1019,7 @@ def build_topology_from_infos(
     """Topology from NodeInfos and (node, GPUs used) pairs (summed per node); network blocks read with
     `network` (default: the operator's `NETWORK`)."""
     network = NETWORK if network is None else network
+    topology_name = name          # `name` is reused for each domain below
     used: dict[str, int] = defaultdict(int)
     for n, g in (usage.items() if isinstance(usage, Mapping) else usage):
         used[n] += int(g)
@@ -1086,7 +1091,8 @@ def build_topology_from_infos(
             rdma_per_node=per_node,
         ))
     domains.sort(key=lambda d: d.name)
-    return Topology(nodes=nodes, domains=tuple(domains), excluded=tuple(excluded), name=name, network=network)
+    return Topology(nodes=nodes, domains=tuple(domains), excluded=tuple(excluded), name=topology_name,
+                    network=network)
 
 
 def build_topology(

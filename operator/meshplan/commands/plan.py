@@ -219,6 +219,8 @@ def format_table(result: Any, *, show_rejected: bool = False, fleet: Any = None,
     for c in front:
         lines.append(_row(c, "*" if c == result.choice else ""))
     lines += ["", "Choice:" if result.choice is not None else "No choice:", f"  {result.reason}"]
+    if result.extra.get("topology"):
+        lines.append(f"  topology: {result.extra['topology']}")
     if deployed:
         lines.append(f"  deployed: {deployed}")
     if result.choice is not None and result.extra.get("engine_args"):

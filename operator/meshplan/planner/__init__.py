@@ -176,6 +176,9 @@ def plan(
         extra["engine_notes"] = list(e.notes)
     extra["eligible"] = chosen.eligible
     extra["slo"] = slo is not None
+    topo_line = _topology_comparison(candidates, chosen.choice, objective, slo, fleet, rejected)
+    if topo_line:
+        extra["topology"] = topo_line
     if keep_curves:                                   # per-layout curves, for the plot
         extra["shape_frontiers"] = shape_frontiers(candidates)
     return Plan(
@@ -190,6 +193,55 @@ def plan(
         model=getattr(model, "name", ""),
         extra=extra,
     )
+
+
+def _domain_gpus_for(gpu_name: str, fleet: Any) -> int:
+    """GPUs of the largest NVLink domain of this GPU: the fleet's, else the catalogue's."""
+    from meshplan.catalog.gpus import get_gpu
+    from meshplan.planner.search import domain_gpus
+
+    if fleet is not None:
+        sizes = [d.total_gpus if d.nvlink else d.gpus_per_node for d in fleet.domains if d.gpu == gpu_name]
+        if sizes:
+            return max(sizes)
+    return domain_gpus(get_gpu(gpu_name))
+
+
+def _topology_comparison(candidates: Sequence[Any], choice: Any, objective: str, slo: Any, fleet: Any,
+                         rejected: Sequence[Rejected]) -> str:
+    """One sentence: the choice against the best layout inside one NVLink domain and the best wide-EP layout
+    (a stage spread over the domains of a network block), with their predicted figures; '' without a choice."""
+    if choice is None:
+        return ""
+
+    def wide(c: Any) -> bool:
+        return c.layout.gpus_per_stage > _domain_gpus_for(c.gpu, fleet)
+
+    def fig(c: Any) -> str:
+        p = c.prediction
+        return (f"{c.layout.label()} x DP{c.layout.dp} on {c.gpu} ({c.layout.total_gpus} GPUs): "
+                f"{p.tokens_per_s_per_gpu:,.1f} tokens/s/GPU at {p.tokens_per_s_per_user:.1f} tokens/s/user")
+
+    parts = []
+    for label, subset in (("inside one NVLink domain", [c for c in candidates if not wide(c)]),
+                          ("wide EP across NVLink domains of one RDMA network block",
+                           [c for c in candidates if wide(c)])):
+        best = choose(subset, objective, slo, n_alternatives=0).choice if subset else None
+        if best is None:
+            if "wide" in label:
+                r = next((r for r in rejected if "network block" in r.reason or "RDMA" in r.reason), None)
+            else:
+                dom = _domain_gpus_for(choice.gpu, fleet)
+                inside = [r for r in rejected if r.layout.gpus_per_replica <= dom]
+                r = max(inside, key=lambda r: r.layout.gpus_per_replica) if inside else None
+            why = (f" ({r.layout.label()}: {r.reason})" if r and not subset else
+                   " (none meets the SLO)" if subset else " (no layout fits)")
+            parts.append(f"best {label}: none{why}")
+        elif best == choice:
+            parts.append(f"chosen {label}: {fig(best)}")
+        else:
+            parts.append(f"best {label}: {fig(best)}")
+    return "; ".join(parts)
 
 
 def shape_frontiers(candidates: Sequence[Any]) -> dict[str, list[tuple[float, float]]]:
