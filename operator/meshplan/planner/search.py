@@ -325,6 +325,8 @@ def search(
                                         memory_fn=memory_fn, weight_dtype=wd, kv_dtype=kd,
                                         context_tokens=context)
     loaded = workload.concurrency is not None or workload.request_rate is not None
+    # the all-to-all backend the renderer passes (DeepEP is priced with its own tables across domains)
+    a2a_kw = {"a2a_backend": space.a2a_backend} if space.a2a_backend else {}
     candidates: list[Candidate] = []
     evaluated = 0
     for shape, max_dp in shapes:
@@ -358,7 +360,7 @@ def search(
                 for s in seqs:
                     pred = predictor(model, gpu, mapping, per_replica, weight_dtype=wd, kv_dtype=kd,
                                      chunk_size=chunk, max_num_seqs=s, engine=engine,
-                                     concurrency=None if loaded else s, memory=fit)
+                                     concurrency=None if loaded else s, memory=fit, **a2a_kw)
                     evaluated += 1
                     if not loaded and pred.tokens_per_s_per_gpu <= prev_tput:
                         # saturated: a larger batch limit gains no throughput and no per-user speed, so
