@@ -104,6 +104,11 @@ def test_plan_key_ignores_replicas_but_not_the_model_or_the_fleet_shape():
     nodes = fleet_nodes(load_fleet("hgx-h100"))
     nodes[0].setdefault("spec", {})["unschedulable"] = True
     assert plan_key(_spec(), build_topology(nodes, ready_if_unknown=True)) != base
+    # nodes that start advertising an RDMA resource form a network block: wide EP becomes possible, replan
+    rdma = fleet_nodes(load_fleet("hgx-h100"))
+    for n in rdma:
+        n["status"]["allocatable"]["rdma/ib"] = "8"
+    assert plan_key(_spec(), build_topology(rdma, ready_if_unknown=True)) != base
 
 
 def test_foreign_usage_counts_only_gpu_pods_outside_the_served_namespaces():

@@ -116,3 +116,17 @@ def test_rdma_request_counts():
     assert rdma_request("nvidia.com/hostdev", 8, 4, 8) == 4      # exclusive: the pod's GPU share
     assert rdma_request("vpc.amazonaws.com/efa", 32, 8, 8) == 32
     assert rdma_request("vpc.amazonaws.com/efa", 1, 1, 8) == 1
+
+
+def test_a_pinned_tp_across_domains_is_planned_rendered_and_warned():
+    from meshplan.planner import plan_for_spec
+
+    spec = llmd(model=DS, engine={"kind": "sglang"}, parallelism={"tensor": 16, "pipeline": 1},
+                gpus={"products": ["NVIDIA-H200"], "maxGpus": 16}).spec
+    topo = build_topology([h200("a"), h200("b")])
+    p = plan_for_spec(spec, topo)
+    assert p.choice is not None and p.choice.layout.tp == 16
+    assert any("TP16 is pinned and crosses the 8-GPU NVLink domain" in n for n in p.extra["notes"])
+    res = _render([h200("a"), h200("b")], Layout(16, 1, 1))
+    warn = [e for e in res.rendered.explain if e.subject == "spec.parallelism.tensor"]
+    assert warn and warn[0].level == "warning" and "crosses NVLink domains" in warn[0].reason

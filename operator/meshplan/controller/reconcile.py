@@ -104,7 +104,10 @@ def plan_key(spec: Any, topology: Topology) -> str:
     """Hash of what the plan depends on: the spec without replicas/autoscaling, and the fleet's shape."""
     # A domain whose GPU the labels changed (memory label, MIG, time-slicing: `gpu` is a derived name) adds
     # that name, so relabelling replans; plain catalogue GPUs keep the shape (and stored plans) of before.
+    # The network block (RDMA fabric) enters only when there is one: fleets without RDMA keep their keys, and a
+    # node that starts (or stops) advertising an RDMA resource replans (wide EP becomes possible or not).
     shape = sorted((d.name, d.product, d.total_gpus, d.zone) + ((d.gpu,) if d.gpu and d.gpu != _plain(d.product) else ())
+                   + ((f"block={d.block}/{d.fabric}",) if d.block else ())
                    for d in topology.select(dict(spec.gpus.node_selector or {})).domains)
     raw = json.dumps({"spec": _planned_spec(spec), "fleet": shape}, sort_keys=True, default=str)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]

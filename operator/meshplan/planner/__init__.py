@@ -142,7 +142,7 @@ def plan(
                                     "candidates": len(res.candidates), "rejected": len(res.rejected),
                                     "notes": list(res.notes)}
         for n in res.notes:  # what the precision rule did with the checkpoint's dtype (plan output)
-            if "checkpoint" in n and f"{g.name}: {n}" not in extra.get("notes", []):
+            if ("checkpoint" in n or n.startswith("warning: TP")) and f"{g.name}: {n}" not in extra.get("notes", []):
                 extra.setdefault("notes", []).append(f"{g.name}: {n}")
     chosen = choose(candidates, objective, slo, n_alternatives=n_alternatives)
     # The frontier shown is that of the candidates that meet the SLO (where the choice lies), or of all

@@ -321,6 +321,14 @@ def search(
         if kd == "auto":
             kd = auto_k
     context = workload.context
+    if space.tensor is not None and space.cross_domain != "never":
+        dom = domain_gpus(gpu)
+        if fleet is not None and fleet.domains:
+            dom = max(d.total_gpus if d.nvlink else d.gpus_per_node for d in fleet.domains)
+        if space.tensor > dom:
+            notes.append(f"warning: TP{space.tensor} is pinned and crosses the {dom}-GPU NVLink domain: its "
+                         f"all-reduces run over the RDMA network (priced so, usually much slower); TP groups "
+                         f"stay inside a domain unless pinned")
     shapes, rejected = enumerate_shapes(model, gpu, max_gpus, space=space, engine=engine, fleet=fleet,
                                         memory_fn=memory_fn, weight_dtype=wd, kv_dtype=kd,
                                         context_tokens=context)

@@ -309,6 +309,13 @@ def render_group(
     svc = headless_service(name=svc_name, namespace=ns, owner=owner_ref, labels=group_labels,
                            selector={"meshplan.dev/deployment": name, LABEL_REPLICA: str(replica.index)},
                            ports=sorted(all_ports.items(), key=lambda x: x[1]))
+    tp = candidate.layout.tp
+    if tp > 1 and any(tp > d.total_gpus for d in (topology.domain(n) for n in replica.domains)):
+        # only a pinned spec.parallelism.tensor gets here (the planner never proposes it): rendered, warned
+        group_why.append(Explanation("spec.parallelism.tensor", str(tp),
+                                     f"TP{tp} crosses NVLink domains ({', '.join(replica.domains)}): its all-reduces "
+                                     f"run over {gt.rdma_fabric or 'the network'}, much slower than NVLink",
+                                     "meshplan.topology tiers", "warning"))
     explain = tuple(dict.fromkeys((*nccl.explain, *group_why, *commands[0].explain)))
     return RenderedGroup(replica.index, svc, tuple(out_pods), cd_obj, explain)
 
