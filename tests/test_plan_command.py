@@ -256,3 +256,14 @@ def test_deepseek_on_hgx_explains_single_node_against_wide_ep():
             assert "tokens/s/GPU" in line.split("wide EP")[1]
         res = plan_place_render(llmd, fleet, plan=p)
         assert res.rendered is not None and res.rendered.groups, (fleet_name, p.choice.layout)
+
+
+def test_deepseek_on_hgx_h100_without_rdma_says_what_is_missing():
+    from meshplan.planner.fleet import load_fleet
+
+    m = manifest()
+    m["spec"].update(model={"name": "deepseek-r1"}, engine={"kind": "sglang"},
+                     gpus={"products": ["NVIDIA-H100-80GB-HBM3"], "maxGpus": 32}, parallelism={"pipeline": 1})
+    p = plan_for_spec(LLMDeployment.from_manifest(m).spec, load_fleet("hgx-h100"))
+    assert p.choice is None
+    assert "every layout was rejected" in p.reason and "no node advertises an RDMA resource" in p.reason

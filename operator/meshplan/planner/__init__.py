@@ -162,7 +162,10 @@ def plan(
         # sentence the Planned condition and status.plan.reason show.
         reason += f" (GPU {chosen.choice.gpu} from the node labels: {'; '.join(fleet.notes_for(chosen.choice.gpu))})"
     if not candidates and rejected:
-        reason = (f"every layout was rejected; e.g. {rejected[0].layout.label()}: {rejected[0].reason}")
+        # the example shown: a wide layout's topology reason when there is one (it says what the cluster
+        # lacks, e.g. RDMA between the nodes), else the first rejection
+        ex = next((r for r in rejected if "network block" in r.reason or "RDMA" in r.reason), rejected[0])
+        reason = (f"every layout was rejected; e.g. {ex.layout.label()}: {ex.reason}")
     if params_warning:  # also in the reason, which the operator writes to status.plan.reason
         reason = f"{reason}; warning: {params_warning}"
     if chosen.choice is not None:
