@@ -267,3 +267,14 @@ def test_deepseek_on_hgx_h100_without_rdma_says_what_is_missing():
     p = plan_for_spec(LLMDeployment.from_manifest(m).spec, load_fleet("hgx-h100"))
     assert p.choice is None
     assert "every layout was rejected" in p.reason and "no node advertises an RDMA resource" in p.reason
+
+
+def test_topology_comparison_works_for_a_gpu_outside_the_catalogue():
+    """A GpuSpec passed directly (benchmarks/plan_speed.py's blog GPU) is not in the catalogue."""
+    import dataclasses
+
+    from meshplan.catalog.gpus import get_gpu
+
+    blog = dataclasses.replace(get_gpu("h100"), name="not-in-catalogue-gpu")
+    p = plan(get_model("llama-3.1-8b"), [blog], max_gpus=8, objective="maxThroughput", space=SMALL)
+    assert p.choice is not None and "inside one NVLink domain" in p.extra["topology"]

@@ -179,7 +179,8 @@ def plan(
         extra["engine_notes"] = list(e.notes)
     extra["eligible"] = chosen.eligible
     extra["slo"] = slo is not None
-    topo_line = _topology_comparison(candidates, chosen.choice, objective, slo, fleet, rejected)
+    topo_line = _topology_comparison(candidates, chosen.choice, objective, slo, fleet, rejected,
+                                     {g.name: g for g in specs})
     if topo_line:
         extra["topology"] = topo_line
     if keep_curves:                                   # per-layout curves, for the plot
@@ -198,8 +199,9 @@ def plan(
     )
 
 
-def _domain_gpus_for(gpu_name: str, fleet: Any) -> int:
-    """GPUs of the largest NVLink domain of this GPU: the fleet's, else the catalogue's."""
+def _domain_gpus_for(gpu_name: str, fleet: Any, specs: dict[str, Any] | None = None) -> int:
+    """GPUs of the largest NVLink domain of this GPU: the fleet's, else the GPU spec's (the planned spec
+    objects first: a GPU passed as a `GpuSpec` need not be in the catalogue)."""
     from meshplan.catalog.gpus import get_gpu
     from meshplan.planner.search import domain_gpus
 
@@ -207,18 +209,23 @@ def _domain_gpus_for(gpu_name: str, fleet: Any) -> int:
         sizes = [d.total_gpus if d.nvlink else d.gpus_per_node for d in fleet.domains if d.gpu == gpu_name]
         if sizes:
             return max(sizes)
-    return domain_gpus(get_gpu(gpu_name))
+    spec = (specs or {}).get(gpu_name)
+    return domain_gpus(spec if spec is not None else get_gpu(gpu_name))
 
 
 def _topology_comparison(candidates: Sequence[Any], choice: Any, objective: str, slo: Any, fleet: Any,
-                         rejected: Sequence[Rejected]) -> str:
+                         rejected: Sequence[Rejected], specs: dict[str, Any] | None = None) -> str:
     """One sentence: the choice against the best layout inside one NVLink domain and the best wide-EP layout
     (a stage spread over the domains of a network block), with their predicted figures; '' without a choice."""
     if choice is None:
         return ""
 
+    sizes: dict[str, int] = {}
+
     def wide(c: Any) -> bool:
-        return c.layout.gpus_per_stage > _domain_gpus_for(c.gpu, fleet)
+        if c.gpu not in sizes:
+            sizes[c.gpu] = _domain_gpus_for(c.gpu, fleet, specs)
+        return c.layout.gpus_per_stage > sizes[c.gpu]
 
     def fig(c: Any) -> str:
         p = c.prediction
@@ -234,7 +241,7 @@ def _topology_comparison(candidates: Sequence[Any], choice: Any, objective: str,
             if "wide" in label:
                 r = next((r for r in rejected if "network block" in r.reason or "RDMA" in r.reason), None)
             else:
-                dom = _domain_gpus_for(choice.gpu, fleet)
+                dom = _domain_gpus_for(choice.gpu, fleet, specs)
                 inside = [r for r in rejected if r.layout.gpus_per_replica <= dom]
                 r = max(inside, key=lambda r: r.layout.gpus_per_replica) if inside else None
             why = (f" ({r.layout.label()}: {r.reason})" if r and not subset else
