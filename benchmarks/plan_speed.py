@@ -63,12 +63,20 @@ def main() -> int:
               f"{f' x DP{p.choice.layout.dp}' if p.choice and p.choice.layout.dp > 1 else ''}")
     # The same plans restricted to a fleet of free NVLink domains (informative: the fleet rule adds a
     # replica count per layout): 1,008 GB200 in 14 NVL72 racks, and 128 HGX H100 nodes.
-    from meshplan.planner.fleet import Fleet, FleetDomain
+    from meshplan.topology import build_topology
 
-    racks = Fleet(tuple(FleetDomain(f"rack{i}", "NVIDIA-GB200", "gb200", 4, 72, 72, f"z{i % 2}",
-                                    node_free_gpus=(4,) * 18, node_total_gpus=(4,) * 18) for i in range(14)))
-    hgx = Fleet(tuple(FleetDomain(f"hgx{i}", "NVIDIA-H100-80GB-HBM3", "h100_sxm", 8, 8, 8, f"z{i % 2}",
-                                  node_free_gpus=(8,), node_total_gpus=(8,)) for i in range(128)))
+    def node(name: str, product: str, gpus: int, zone: str, clique: str | None = None) -> dict:
+        # NVIDIA GFD labels (k8s-device-plugin docs/gpu-feature-discovery), device-plugin allocatable
+        labels = {"kubernetes.io/hostname": name, "topology.kubernetes.io/zone": zone,
+                  "nvidia.com/gpu.product": product}
+        if clique:
+            labels["nvidia.com/gpu.clique"] = clique
+        return {"metadata": {"name": name, "labels": labels}, "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}}}
+
+    racks = build_topology([node(f"rack{i}-{n}", "NVIDIA-GB200", 4, f"z{i % 2}", f"uuid.{i}")
+                            for i in range(14) for n in range(18)], ready_if_unknown=True)
+    hgx = build_topology([node(f"hgx{i}", "NVIDIA-H100-80GB-HBM3", 8, f"z{i % 2}") for i in range(128)],
+                         ready_if_unknown=True)
     for label, fleet, g, sp in (("14 x GB200 NVL72 (1,008 GPUs)", racks, get_gpu("gb200"), space),
                                 ("128 x HGX H100 (1,024 GPUs)", hgx, get_gpu("h100"),
                                  SearchSpace(weight_dtype="fp8", kv_dtype="fp8"))):

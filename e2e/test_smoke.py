@@ -43,6 +43,8 @@ def test_fleet_nodes_ready_with_gpus_and_labels(cluster, fleet):
         ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
         assert ready and ready[0]["status"] == "True", node["metadata"]["name"]
         assert node["status"]["allocatable"]["nvidia.com/gpu"] == want["status"]["allocatable"]["nvidia.com/gpu"]
+        for res in ("rdma/ib", "rdma/roce_a", "nvidia.com/hostdev", "vpc.amazonaws.com/efa"):   # RDMA fleets
+            assert node["status"]["allocatable"].get(res) == want["status"]["allocatable"].get(res), res
         for key in ("nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.memory",
                     "topology.kubernetes.io/zone"):
             assert node["metadata"]["labels"][key] == want["metadata"]["labels"][key]

@@ -164,6 +164,24 @@ def test_prometheus_url_reaches_the_operator_only_when_set():
     assert env["MESHPLAN_PROMETHEUS_URL"] == url
 
 
+def test_network_values_reach_the_operator_as_it_reads_them():
+    from meshplan.topology import DEFAULT_RDMA_RESOURCES, network_config_from_env
+
+    env = {e["name"]: e.get("value") for e in container(render(), "Deployment")["env"]}
+    assert "MESHPLAN_NETWORK_BLOCK_LABEL" not in env
+    assert network_config_from_env(env).rdma_resources == DEFAULT_RDMA_RESOURCES   # chart default == code default
+    env = {e["name"]: e.get("value") for e in container(render({
+        "network": {"blockLabel": "cloud.google.com/gce-topology-block",
+                    "rdmaResources": ["rdma/rdma_shared_device_a=roce"]}}), "Deployment")["env"]}
+    cfg = network_config_from_env(env)
+    assert cfg.label == "cloud.google.com/gce-topology-block"
+    assert cfg.rdma_resources == (("rdma/rdma_shared_device_a", "roce"),)
+    assert "rdmaResources" in render_error({"network": {"rdmaResources": ["rdma/ib=omnipath"]}})
+    env = {e["name"]: e.get("value") for e in container(render({
+        "network": {"multusNetworks": ["net-a", "infra/net-b"]}}), "Deployment")["env"]}
+    assert network_config_from_env(env).multus_networks == ("net-a", "infra/net-b")
+
+
 def test_namespaced_watch_args_and_roles():
     docs = render({"watch": {"allNamespaces": False, "namespaces": ["team-a", "team-b"]}})
     args = container(docs, "Deployment")["args"]

@@ -107,7 +107,7 @@ def test_no_room_for_a_replacement_keeps_the_group_serving_and_says_so(monkeypat
     # whole (`Reconciler._plan`); Sim re-plans every round, so pin the plan made on the healthy fleet.
     import test_controller_decide as tcd
 
-    made = tcd.plan_for_spec(model.spec, sim.topology().to_fleet())
+    made = tcd.plan_for_spec(model.spec, sim.topology())
     monkeypatch.setattr(tcd, "plan_for_spec", lambda spec, fleet: made)
     node = sim.pods()[0]["spec"]["nodeName"]
     _set_allocatable(sim, node, 4)

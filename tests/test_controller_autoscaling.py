@@ -166,7 +166,7 @@ def _running_group(nodes, m) -> list[dict]:
 
     model = LLMDeployment.from_manifest(m)
     topo = build_topology(nodes, ready_if_unknown=True)
-    plan = plan_for_spec(model.spec, topo.select({"meshplan.dev/fleet": "hgx-h100"}).to_fleet())
+    plan = plan_for_spec(model.spec, topo.select({"meshplan.dev/fleet": "hgx-h100"}))
     out = reconcile_decide(Inputs(name="chat", namespace="team-a", uid="u-1", generation=1, desired_replicas=1,
                                   topology=topo, pods=[], services=[], target=target_for(model.spec, plan, topo),
                                   now=NOW))

@@ -74,7 +74,7 @@ class Sim:
     def step(self, model: LLMDeployment, replicas: int | None = None):
         self.kubelet()
         topo = self.topology()
-        plan = plan_for_spec(model.spec, topo.to_fleet())
+        plan = plan_for_spec(model.spec, topo)
         inp = Inputs(name=model.name, namespace=model.namespace, uid="u-1", generation=1,
                      desired_replicas=model.spec.replicas if replicas is None else replicas, topology=topo,
                      pods=copy.deepcopy(self.pods()), services=copy.deepcopy(self.services()),
@@ -265,7 +265,7 @@ def test_group_the_scheduler_cannot_bind_is_placed_again_after_the_grace_period(
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": "2025-12-31T23:59:30Z"}]}
     pod["spec"]["schedulingGates"] = []
     topo = sim.topology()
-    plan = plan_for_spec(model.spec, topo.to_fleet())
+    plan = plan_for_spec(model.spec, topo)
     common = dict(name="llama", namespace="ns", uid="u-1", generation=1, desired_replicas=1, topology=topo,
                   pods=[pod], services=sim.services(), target=target_for(model.spec, plan, topo),
                   previous_status=sim.previous_status)

@@ -104,6 +104,11 @@ def test_plan_key_ignores_replicas_but_not_the_model_or_the_fleet_shape():
     nodes = fleet_nodes(load_fleet("hgx-h100"))
     nodes[0].setdefault("spec", {})["unschedulable"] = True
     assert plan_key(_spec(), build_topology(nodes, ready_if_unknown=True)) != base
+    # nodes that start advertising an RDMA resource form a network block: wide EP becomes possible, replan
+    rdma = fleet_nodes(load_fleet("hgx-h100"))
+    for n in rdma:
+        n["status"]["allocatable"]["rdma/ib"] = "8"
+    assert plan_key(_spec(), build_topology(rdma, ready_if_unknown=True)) != base
 
 
 def test_foreign_usage_counts_only_gpu_pods_outside_the_served_namespaces():
@@ -139,7 +144,7 @@ def test_stored_plan_round_trips_and_is_used_only_for_the_same_inputs():
 
     topo = build_topology(fleet_nodes(load_fleet("hgx-h100")), ready_if_unknown=True)
     spec = _spec()
-    plan = plan_for_spec(spec, topo.to_fleet())
+    plan = plan_for_spec(spec, topo)
     key = plan_key(spec, topo)
     value = plan_to_annotation(key, plan)
     back = plan_from_annotation(value, key)
@@ -172,7 +177,7 @@ def test_an_edited_plan_annotation_is_not_believed():
 
     topo = build_topology(fleet_nodes(load_fleet("hgx-h100")), ready_if_unknown=True)
     spec = _pinned_spec()
-    honest = plan_for_spec(spec, topo.to_fleet())
+    honest = plan_for_spec(spec, topo)
     assert honest.choice.layout.tp == 4 and verify_stored_plan(honest, spec, topo) == []
     key = plan_key(spec, topo)
 

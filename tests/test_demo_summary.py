@@ -29,7 +29,7 @@ def _status():
     m["metadata"].update(namespace="meshplan-demo", uid="u-1", generation=1)
     d = LLMDeployment.from_manifest(m)
     topo = build_topology(fleet_nodes(load_fleet("hgx-h100")), ready_if_unknown=True)
-    plan = plan_for_spec(d.spec, topo.to_fleet())
+    plan = plan_for_spec(d.spec, topo)
     desired, why = replicas_and_why(d.spec, None)
     out = decide(Inputs(name=d.name, namespace="meshplan-demo", uid="u-1", generation=1, desired_replicas=desired,
                         topology=topo, pods=[], services=[], target=target_for(d.spec, plan, topo),

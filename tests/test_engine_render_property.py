@@ -60,7 +60,7 @@ def test_every_frontier_point_renders_for_its_engine(path, engine):
     llmd = _deployment(path, engine)
     fitted, rendered, failures, reasons = [], 0, [], []
     for fleet, topology in TOPOLOGIES.items():
-        plan = plan_for_spec(llmd.spec, topology.to_fleet(), space=_narrow(llmd.spec))
+        plan = plan_for_spec(llmd.spec, topology, space=_narrow(llmd.spec))
         if not plan.frontier:
             assert plan.reason                        # it does not fit this fleet, and says why
             reasons.append(plan.reason)
@@ -101,7 +101,7 @@ def test_the_reported_layouts_are_rejected_by_the_search_with_the_renderers_reas
         m["spec"].setdefault(key, {}).update(value)
     llmd = LLMDeployment.from_manifest(m)
     topology = TOPOLOGIES[fleet]
-    plan = plan_for_spec(llmd.spec, topology.to_fleet(), space=_narrow(llmd.spec))
+    plan = plan_for_spec(llmd.spec, topology, space=_narrow(llmd.spec))
     assert plan.choice is not None
     refused = [r for r in plan.rejected if "vLLM cannot run" in r.reason]
     assert refused and all(r.layout.ep > 1 and (r.layout.pp > 1 or r.layout.tp > 4) for r in refused)

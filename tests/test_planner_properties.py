@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from meshplan.catalog.gpus import get_gpu
 from meshplan.catalog.models import get_model
 from meshplan.planner import memory, plan
-from meshplan.planner.fleet import Fleet, FleetDomain
 from meshplan.planner.objectives import OBJECTIVES
 from meshplan.planner.pareto import dominates, pareto_frontier
 from meshplan.planner.search import SearchSpace, search
@@ -89,8 +88,10 @@ def test_more_free_gpus_in_a_fleet_never_lower_the_best_throughput(model, free, 
     h100 = get_gpu("h100")
 
     def fleet(frees):
-        return Fleet(tuple(FleetDomain(f"n{i}", "NVIDIA-H100-80GB-HBM3", "h100_sxm", 8, g, 8, "a")
-                           for i, g in enumerate(frees)))
+        from meshplan.topology import build_topology
+
+        nodes, pods = _cluster([("NVIDIA-H100-80GB-HBM3", None, "a", 8, 8 - g) for g in frees])
+        return build_topology(nodes, pods)
 
     more = list(free) + [extra]
     small, big = fleet(free), fleet(more)
@@ -128,13 +129,12 @@ clusters = st.one_of(st.lists(hgx_node, min_size=1, max_size=8), st.lists(nvl_no
        st.sampled_from(OBJECTIVES), slos)
 def test_the_choice_on_a_fleet_is_placeable(cluster, model, objective, slo):
     from meshplan.placement import place, request_for_layout
-    from meshplan.planner.fleet import fleet_from_topology
     from meshplan.render.pipeline import product_for_gpu
     from meshplan.topology import build_topology
 
     nodes, pods = _cluster(cluster)
     topo = build_topology(nodes, pods)
-    fleet = fleet_from_topology(topo)
+    fleet = topo
     p = plan(model, list(fleet.gpus()) or "h100", fleet=fleet, objective=objective, slo=slo, space=SPACE)
     if p.choice is None:
         return

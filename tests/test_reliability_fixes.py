@@ -119,7 +119,7 @@ def _planned(manifest: dict, topology):
     from meshplan.planner import plan_for_spec
 
     spec = LLMDeployment.from_manifest(copy.deepcopy(manifest)).spec
-    plan = plan_for_spec(spec, topology.to_fleet())
+    plan = plan_for_spec(spec, topology)
     assert plan.choice is not None
     return spec, target_for(spec, plan, topology)
 

@@ -193,13 +193,20 @@ def test_nccl_rules_by_topology_and_transport():
     one_node = nccl_env(GroupTopology(nodes=1, nvlink=True, multi_node_nvlink=False), "infiniband", ib_hca="mlx5_0")
     names = {e["name"] for e in one_node.env}
     assert names == {"NCCL_P2P_LEVEL"}          # nothing network-related inside one node
-    ib = nccl_env(GroupTopology(nodes=2, nvlink=True, multi_node_nvlink=False, spans_domains=True), "roce",
+    ib = nccl_env(GroupTopology(nodes=2, nvlink=True, multi_node_nvlink=False, spans_domains=True,
+                                rdma_fabric="roce", rdma_resource="rdma/roce_a"), "roce",
                   ib_hca="mlx5_0", socket_ifname="eth0")
     got = {e["name"]: e["value"] for e in ib.env}
     assert got["NCCL_IB_HCA"] == "mlx5_0" and got["NCCL_IB_GID_INDEX"] == "3" and got["NCCL_SOCKET_IFNAME"] == "eth0"
+    # issue 15 finding: no RDMA resource requested -> IB is not forced, and the explanation warns
+    unforced = nccl_env(GroupTopology(nodes=2, nvlink=True, multi_node_nvlink=False, spans_domains=True), "roce",
+                        ib_hca="mlx5_0")
+    assert not {"NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX"} & {e["name"] for e in unforced.env}
+    assert any("no RDMA resource" in e.reason and e.level == "warning" for e in unforced.explain)
     tcp = {e["name"]: e["value"] for e in nccl_env(GroupTopology(2, True, False, True), "tcp").env}
     assert tcp["NCCL_IB_DISABLE"] == "1" and tcp["NCCL_NET"] == "Socket"
-    efa = {e["name"] for e in nccl_env(GroupTopology(2, True, False, True), "efa").env}
+    efa = {e["name"] for e in nccl_env(GroupTopology(2, True, False, True, "efa", "vpc.amazonaws.com/efa"),
+                                       "efa").env}
     assert {"FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA"} <= efa
     pcie = nccl_env(GroupTopology(1, False, False), "auto")
     assert pcie.env == ()
@@ -214,7 +221,7 @@ def test_nccl_rules_by_topology_and_transport():
 
 
 def test_user_nccl_env_wins_and_is_reported():
-    res = nccl_env(GroupTopology(2, True, False, True), "infiniband",
+    res = nccl_env(GroupTopology(2, True, False, True, "ib", "rdma/ib"), "infiniband",
                    user_env=[{"name": "NCCL_IB_DISABLE", "value": "1"}, {"name": "NCCL_ALGO", "value": "Tree"}])
     got = {e["name"]: e["value"] for e in res.env}
     assert got["NCCL_IB_DISABLE"] == "1" and got["NCCL_ALGO"] == "Tree"

@@ -128,7 +128,7 @@ def test_render_places_the_replicas_the_operator_applies_with_the_operators_pods
     assert desired_replicas(d.spec, None) == 2 == res.request.replicas == len(res.rendered.groups)
     assert "spec.replicas 2, where autoscaling starts" in res.replicas_why and "maxReplicas 8" in res.replicas_why
 
-    plan = plan_for_spec(d.spec, topo.to_fleet())
+    plan = plan_for_spec(d.spec, topo)
     out = decide(Inputs(name=d.name, namespace="ml", uid="u-1", generation=1,
                         desired_replicas=desired_replicas(d.spec, None), topology=topo, pods=[], services=[],
                         target=target_for(d.spec, plan, topo)))

@@ -7,7 +7,9 @@ import dataclasses
 from meshplan.catalog.gpus import BLOG_GPU, get_gpu
 from meshplan.catalog.models import get_model
 from meshplan.planner import memory
-from meshplan.planner.fleet import Fleet, FleetDomain
+from _gpu_nodes import gpu_node, gpu_pod
+
+from meshplan.topology import build_topology
 from meshplan.planner.search import SearchSpace, basic_layouts, enumerate_shapes, search
 from meshplan.planner.types import Layout, MemoryFit, Prediction, Workload
 
@@ -47,17 +49,24 @@ def test_blog_count_of_basic_layouts_is_in_range():
 
 
 def test_rejections_carry_reasons():
+    never = SearchSpace(cross_domain="never")
     shapes, rejected = enumerate_shapes(GPT, H100, 64, weight_dtype="fp8", kv_dtype="fp8",
-                                        memory_fn=memory.memory_fit)
+                                        memory_fn=memory.memory_fit, space=never)
     reasons = {r.layout: r.reason for r in rejected}
     assert "exceeds the 8-GPU NVLink domain" in reasons[Layout(4, 4, 2)]
     assert "does not divide the 16 experts" in reasons[Layout(1, 32, 1)]
     assert reasons[Layout(8, 1, 1)].startswith("memory:")            # 1.8T in FP8 on 8 x 80 GB
     assert all(s.gpus_per_stage <= 8 for s, _ in shapes)
-    # allowing the NIC crossing admits the cross-domain stage
-    shapes_x, _ = enumerate_shapes(GPT, H100, 64, space=SearchSpace(allow_cross_domain=True),
-                                   weight_dtype="fp8", kv_dtype="fp8", memory_fn=memory.memory_fit)
+    # the default rule (issue 18): an EP stage may span NVLink domains (over RDMA), a TP group may not
+    shapes_x, rejected_x = enumerate_shapes(GPT, H100, 64, weight_dtype="fp8", kv_dtype="fp8",
+                                            memory_fn=memory.memory_fit)
     assert Layout(4, 4, 2) in [s for s, _ in shapes_x]
+    assert all(s.tp <= 8 for s, _ in shapes_x)
+    assert "TP16 exceeds the 8-GPU NVLink domain" in {r.layout: r.reason for r in rejected_x}[Layout(16, 1, 4)]
+    # pinned, TP may cross (priced over the NIC)
+    pinned, _ = enumerate_shapes(GPT, H100, 64, weight_dtype="fp8", kv_dtype="fp8", memory_fn=memory.memory_fit,
+                                 space=SearchSpace(tensor=16))
+    assert any(s.tp == 16 for s, _ in pinned)
 
 
 def test_engine_rules_apply():
@@ -158,8 +167,7 @@ def test_vllm_is_never_offered_fewer_batched_tokens_than_sequences():
 
 
 def test_fleet_limits_replicas_and_rejects_with_numbers():
-    fleet = Fleet((FleetDomain("n0", "NVIDIA-H100-80GB-HBM3", "h100_sxm", 8, 6, 8, "a"),
-                   FleetDomain("n1", "NVIDIA-H100-80GB-HBM3", "h100_sxm", 8, 3, 8, "a")))
+    fleet = build_topology([gpu_node("n0"), gpu_node("n1")], [gpu_pod("p0", "n0", 2), gpu_pod("p1", "n1", 5)])
     shapes, rejected = enumerate_shapes(LLAMA8, H100, 64, fleet=fleet)
     got = {s: dp for s, dp in shapes}
     assert got[Layout(4, 1, 1)] == 1            # one 4-GPU stage fits n0's 6 free GPUs, none fits n1's 3
@@ -176,7 +184,10 @@ def test_fleet_files_become_domains():
     hgx = load_fleet("hgx-h100")
     assert hgx.gpus() == ("h100_sxm",) and hgx.free_gpus == 32 and len(hgx.domains) == 4
     assert hgx.replica_slots(8, 2) == 2 and hgx.replica_slots(16, 1) == 0
-    assert hgx.replica_slots(16, 1, cross_domain=True) == 2
+    # a 16-GPU stage is larger than every 8-GPU domain: it may span domains only inside an RDMA network
+    # block, and the hgx-h100 fleet's nodes advertise no RDMA resource
+    assert hgx.replica_slots(16, 1, span_blocks=True) == 0
+    assert "no node advertises an RDMA resource" in hgx.why_no_room(16, 1)
     nvl = load_fleet("gb200-nvl72")
     assert [d.free_gpus for d in nvl.domains] == [72, 72]          # one domain per rack (gpu.clique)
     mixed = load_fleet("mixed")

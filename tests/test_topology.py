@@ -168,7 +168,7 @@ def test_with_usage_and_to_fleet():
     topo = build_topology(hgx_h100(2) + l40s(1))
     after = topo.with_usage([("hgx-0", 8), ("l40s-0", 1)])
     assert after.free_gpus_by_domain() == {"hgx-0": 0, "hgx-1": 8, "l40s-0": 3}
-    fleet = after.to_fleet("t")
+    fleet = after.named("t")
     by_name = {d.name: d for d in fleet.domains}
     assert (by_name["hgx-0"].free_gpus, by_name["hgx-1"].free_gpus, by_name["l40s-0"].free_gpus) == (0, 8, 3)
     assert by_name["hgx-0"].gpu == "h100_sxm" and by_name["l40s-0"].nvlink is False

@@ -87,7 +87,7 @@ def _example(name: str, **spec_patch) -> LLMDeployment:
 
 
 def _hgx_fleet():
-    return build_topology(fleet_nodes(load_fleet("hgx-h100")), [], ready_if_unknown=True).to_fleet()
+    return build_topology(fleet_nodes(load_fleet("hgx-h100")), [], ready_if_unknown=True)
 
 
 def test_pinned_fp8_weights_on_a_bf16_checkpoint_are_refused_by_the_search_for_trtllm():

@@ -12,7 +12,12 @@ four pods and a TP2 stage on 8-GPU nodes is one pod of 2 GPUs.
 
 Rules (docs/architecture.md, "Placement rule")
 1. A stage never crosses an NVLink domain (see `meshplan.topology` for what a
-   domain is; PCIe nodes are domains without NVLink).
+   domain is; PCIe nodes are domains without NVLink), unless it is larger than
+   every eligible domain (wide expert parallelism, e.g. DeepSeek-R1 at EP16 on
+   8-GPU HGX nodes; `PlacementRequest.span_blocks`, default on): then its pods
+   spread over the FEWEST domains of ONE network block (domains whose nodes share
+   an RDMA fabric, `Topology.blocks`), whole pods per node, never over a domain
+   without RDMA, and every stage of the replica in that same block.
 2. Single-domain replicas: when some eligible domain is big enough (by its total
    GPUs) to hold a whole replica, every replica must sit in one domain
    (`single_domain=None`, the default; `True` forces it, `False` lets stages
@@ -39,6 +44,12 @@ Algorithm
 - Spanning replicas (rule 3): per zone, each stage goes best-fit to a domain of
   that zone on a scratch copy of the capacity; the zone that leaves the fewest
   free GPUs wins. Nothing is committed unless every stage found a place.
+- Wide stages (rule 1's exception): per network block, on a scratch copy, each
+  stage takes the domains with the most free pod slots first (so the group
+  touches the fewest domains; ties: fewest free GPUs, then name), best-fit
+  nodes inside each. The block where the replica touches the fewest domains
+  wins (then the fewest free GPUs left, then the name). A kept replica stays
+  valid while all its domains are in one block.
 """
 
 from __future__ import annotations
@@ -48,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from meshplan.planner.types import Layout
-from meshplan.topology import Domain, Topology
+from meshplan.topology import Domain, Topology, gpus_per_pod_for
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,8 @@ class PlacementRequest:
     single_domain: bool | None = None          # None: required when some domain could hold a replica
     product: str | None = None                 # nvidia.com/gpu.product the plan was sized for
     node_selector: tuple[tuple[str, str], ...] = ()
+    # a stage larger than every eligible domain may spread over the domains of one network block (wide EP)
+    span_blocks: bool = True
 
     def __post_init__(self) -> None:
         for name in ("gpus_per_pod", "pods_per_stage", "stages"):
@@ -79,14 +92,6 @@ class PlacementRequest:
     @property
     def gpus_per_replica(self) -> int:
         return self.gpus_per_stage * self.stages
-
-
-def gpus_per_pod_for(gpus_per_stage: int, gpus_per_node: int) -> int:
-    """Largest divisor of the stage size that fits one node."""
-    for d in range(min(gpus_per_stage, gpus_per_node), 0, -1):
-        if gpus_per_stage % d == 0:
-            return d
-    return 1
 
 
 def request_for_layout(
@@ -124,6 +129,7 @@ class ReplicaPlacement:
     pods: tuple[PodAssignment, ...]
     zone: str
     kept: bool = False                 # True when an existing placement was kept
+    block: str = ""                    # the network block of a replica whose stages span domains ('' otherwise)
 
     @property
     def domains(self) -> tuple[str, ...]:
@@ -236,7 +242,15 @@ class _Capacity:
         return out
 
 
+def _wide(req: PlacementRequest, cap: _Capacity) -> bool:
+    """Whether a stage is larger than every eligible domain (and may span domains of one block)."""
+    g = req.gpus_per_pod
+    return bool(cap.domains) and all(cap.max_slots(d, g) < req.pods_per_stage for d in cap.domains)
+
+
 def _needs_single_domain(req: PlacementRequest, cap: _Capacity) -> bool:
+    if _wide(req, cap):
+        return False
     if req.single_domain is not None:
         return req.single_domain
     if req.stages == 1:
@@ -259,13 +273,21 @@ def _keep(req: PlacementRequest, nodes: Sequence[str], cap: _Capacity, single: b
     if missing:
         return f"node(s) {', '.join(sorted(set(missing)))} no longer eligible"
     doms = [cap.node_domain[n] for n in nodes]
+    wide = _wide(req, cap)
+    if wide:
+        blocks = {cap.domains[d].block for d in doms}
+        if not req.span_blocks:
+            return "a stage spans NVLink domains (span_blocks is off)"
+        if "" in blocks or len(blocks) > 1:
+            return (f"a wide stage must sit in one network block; its domains are in "
+                    f"{sorted(b or '(no RDMA)' for b in blocks)}")
     for s in range(req.stages):
         stage = doms[s * req.pods_per_stage:(s + 1) * req.pods_per_stage]
-        if len(set(stage)) > 1:
+        if len(set(stage)) > 1 and not wide:
             return f"stage {s} spans NVLink domains {sorted(set(stage))}"
     if single and len(set(doms)) > 1:
         return "replica must sit in one NVLink domain"
-    if len({cap.domains[d].zone for d in doms}) > 1:
+    if not wide and len({cap.domains[d].zone for d in doms}) > 1:
         return "replica spans zones"
     trial = dict(cap.free)
     for n in nodes:
@@ -307,6 +329,42 @@ def _place_spanning(req: PlacementRequest, cap: _Capacity) -> tuple[list[str], _
     return best[2], best[3]
 
 
+def _place_wide(req: PlacementRequest, cap: _Capacity) -> tuple[list[str], _Capacity, str] | None:
+    """A replica whose stages are larger than every domain: each stage over the fewest domains of one block."""
+    g = req.gpus_per_pod
+    best: tuple[tuple, list[str], _Capacity, str] | None = None
+    blocks = sorted({dom.block for dom in cap.domains.values() if dom.block})
+    for block in blocks:
+        trial = cap.copy()
+        members = [d for d, dom in cap.domains.items() if dom.block == block]
+        nodes: list[str] = []
+        used: set[str] = set()
+        ok = True
+        for _ in range(req.stages):
+            need = req.pods_per_stage
+            while need:
+                open_ = [d for d in members if trial.slots(d, g) > 0]
+                if not open_:
+                    ok = False
+                    break
+                # the most free pod slots first: the fewest domains per stage; ties: fewer free GPUs, name
+                d = min(open_, key=lambda d: (-min(trial.slots(d, g), need), trial.domain_free(d), d))
+                take = min(trial.slots(d, g), need)
+                nodes += trial.take(d, g, take)
+                used.add(d)
+                need -= take
+            if not ok:
+                break
+        if not ok:
+            continue
+        key = (len(used), sum(trial.domain_free(d) for d in members), block)
+        if best is None or key < best[0]:
+            best = (key, nodes, trial, block)
+    if best is None:
+        return None
+    return best[1], best[2], best[3]
+
+
 def _unplaced(index: int, req: PlacementRequest, cap: _Capacity, single: bool) -> UnplacedReplica:
     free = tuple(sorted(((d, cap.domain_free(d)) for d in cap.domains), key=lambda x: (-x[1], x[0])))
     if not cap.domains:
@@ -319,7 +377,21 @@ def _unplaced(index: int, req: PlacementRequest, cap: _Capacity, single: bool) -
     g = req.gpus_per_pod
     largest = max(cap.max_slots(d, g) for d in cap.domains) * g
     shown = ", ".join(f"{d}={f}" for d, f in free[:6]) + (f" (+{len(free) - 6} more)" if len(free) > 6 else "")
-    if req.gpus_per_stage > largest:
+    blocks: dict[str, int] = {}
+    for d, dom in cap.domains.items():
+        if dom.block:
+            blocks[dom.block] = blocks.get(dom.block, 0) + cap.slots(d, g) * g
+    if req.gpus_per_stage > largest and req.span_blocks and blocks:
+        shown_b = ", ".join(f"{b}={f}" for b, f in sorted(blocks.items(), key=lambda x: (-x[1], x[0]))[:6])
+        why = (f"needs {req.stages} stage(s) of {req.pods_per_stage} pod(s) x {g} GPUs spread over the NVLink "
+               f"domains of one network block (a stage is larger than any domain, {largest} GPUs); free GPUs "
+               f"per block: {shown_b}")
+    elif req.gpus_per_stage > largest and req.span_blocks:
+        why = (f"a stage needs {req.gpus_per_stage} GPUs in one NVLink domain but the largest eligible "
+               f"domain holds {largest}; use a smaller TP x EP or GPUs with a larger NVLink domain (a stage "
+               f"spans domains only inside a network block, and no eligible node advertises an RDMA resource: "
+               f"chart value network.rdmaResources)")
+    elif req.gpus_per_stage > largest:
         why = (f"a stage needs {req.gpus_per_stage} GPUs in one NVLink domain but the largest eligible "
                f"domain holds {largest}; use a smaller TP x EP or GPUs with a larger NVLink domain")
     elif single:
@@ -339,6 +411,7 @@ def place(
     """Place `request.replicas` replicas; keep valid `existing` ones (index -> nodes by rank)."""
     cap = _Capacity(topology, request)
     single = _needs_single_domain(request, cap)
+    wide = _wide(request, cap)
     placed: dict[int, ReplicaPlacement] = {}
     notes: list[str] = []
     for index in sorted(existing or {}):
@@ -350,11 +423,22 @@ def place(
             notes.append(f"replica {index} moves: {why}")
             continue
         asg = _assignments(request, nodes, cap)
-        placed[index] = ReplicaPlacement(index, asg, cap.domains[asg[0].domain].zone, kept=True)
+        placed[index] = ReplicaPlacement(index, asg, cap.domains[asg[0].domain].zone, kept=True,
+                                         block=cap.domains[asg[0].domain].block if wide else "")
 
     unplaced: list[UnplacedReplica] = []
     for index in range(request.replicas):
         if index in placed:
+            continue
+        block = ""
+        if wide:
+            got = _place_wide(request, cap) if request.span_blocks else None
+            if got is None:
+                unplaced.append(_unplaced(index, request, cap, single))
+                continue
+            nodes, cap, block = got
+            asg = _assignments(request, nodes, cap)
+            placed[index] = ReplicaPlacement(index, asg, cap.domains[asg[0].domain].zone, block=block)
             continue
         nodes = _place_single(request, cap)
         if nodes is None and not single:

@@ -67,12 +67,31 @@ NVLink domains (the rule placement honours)
   bandwidth via `nvlink_gpus == 1`) but never crosses nodes. This keeps e.g.
   Mixtral-8x7B at TP2 on two L40S of one node possible, which a literal
   "one GPU per domain" rule would forbid.
+
+Network blocks (the second tier)
+- A network block is a set of NVLink domains whose nodes reach each other over a
+  scale-out RDMA fabric (InfiniBand, RoCE, EFA): nodes that advertise the same RDMA
+  resource (`status.allocatable`, names configurable: `NetworkConfig.rdma_resources`,
+  default `rdma/ib`, `rdma/roce*`, `nvidia.com/hostdev`, `vpc.amazonaws.com/efa`)
+  and carry the same value of the network-block label (`NetworkConfig.block_label`,
+  operator setting `$MESHPLAN_NETWORK_BLOCK_LABEL`, chart value `network.blockLabel`;
+  empty: `topology.kubernetes.io/zone`). A node that advertises no RDMA resource is
+  in no block (`Domain.block == ""`): its domain talks to others over TCP only, and
+  no TP/EP group spans it with another domain.
+- Each tier has a bandwidth and a latency (`Tier`, `Domain.tier`, `NetworkBlock.tier`):
+  NVLink per GPU generation from `catalog.gpus` (one direction), the block's RDMA
+  per GPU from the catalogue's `nic_gb_s` (the NIC NVIDIA pairs with each GPU on its
+  HGX/DGX reference board), latencies from NCCL's own tuning model.
+- This one `Topology` is what the planner (`Topology.replica_slots`, `gpus`, `for_gpu`),
+  placement (`meshplan.placement.place`) and the autoscaler (`autoscale.capacity`) read;
+  `meshplan.planner.fleet` only loads fleet files into it.
 """
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -104,6 +123,127 @@ ASSIGNED_NODE_ANNOTATION = "meshplan.dev/assigned-node"
 DEFAULT_TOLERATIONS: tuple[Mapping[str, str], ...] = (
     {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
 )
+
+# ----------------------------------------------------------------------------- network blocks (second tier)
+
+# RDMA resources nodes advertise (status.allocatable) and the fabric each means. Sources:
+# - `rdma/ib`, `rdma/roce*`: the k8s-rdma-shared-dev-plugin (github.com/Mellanox/k8s-rdma-shared-dev-plugin,
+#   README "resourceName"; the resource prefix is `rdma/`; NVIDIA network-operator docs name them e.g.
+#   `rdma/rdma_shared_device_a`, so the names are configurable);
+# - `nvidia.com/hostdev`: NVIDIA network-operator's host-device (SR-IOV/PF passthrough) network
+#   (network-operator docs, "HostDeviceNetwork"): ConnectX ports, InfiniBand on HGX east-west fabrics;
+# - `vpc.amazonaws.com/efa`: the AWS EFA Kubernetes device plugin (aws-efa-k8s-device-plugin README).
+# A trailing `*` matches by prefix.
+DEFAULT_RDMA_RESOURCES: tuple[tuple[str, str], ...] = (
+    ("rdma/ib", "ib"),
+    ("rdma/roce*", "roce"),
+    ("nvidia.com/hostdev", "ib"),
+    ("vpc.amazonaws.com/efa", "efa"),
+)
+FABRICS = ("ib", "roce", "efa")
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """How network blocks are read from the nodes (operator setting / chart value `network`)."""
+
+    block_label: str = ""                       # '' -> topology.kubernetes.io/zone
+    rdma_resources: tuple[tuple[str, str], ...] = DEFAULT_RDMA_RESOURCES   # (resource name or prefix*, fabric)
+    # Multus NetworkAttachmentDefinitions (`name` or `namespace/name`) the pods that request an RDMA resource
+    # attach to (annotation k8s.v1.cni.cncf.io/networks, Multus docs "how to use"); empty: none.
+    multus_networks: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name, fabric in self.rdma_resources:
+            if fabric not in FABRICS:
+                raise ValueError(f"network.rdmaResources: {name}={fabric}: the fabric must be one of "
+                                 f"{', '.join(FABRICS)}")
+
+    @property
+    def label(self) -> str:
+        return self.block_label or LABEL_ZONE
+
+    def fabric_of(self, resource: str) -> str:
+        for name, fabric in self.rdma_resources:
+            if resource == name or (name.endswith("*") and resource.startswith(name[:-1])):
+                return fabric
+        return ""
+
+
+def network_config_from_env(env: Mapping[str, str]) -> NetworkConfig:
+    """`$MESHPLAN_NETWORK_BLOCK_LABEL` and `$MESHPLAN_RDMA_RESOURCES` (`name=fabric,...`, set by the chart's
+    `network.blockLabel` / `network.rdmaResources`); unset -> the defaults. A malformed entry raises
+    ValueError naming the variable (the operator stops at start rather than plan without blocks)."""
+    label = (env.get("MESHPLAN_NETWORK_BLOCK_LABEL") or "").strip()
+    raw = (env.get("MESHPLAN_RDMA_RESOURCES") or "").strip()
+    multus = tuple(n.strip() for n in (env.get("MESHPLAN_MULTUS_NETWORKS") or "").split(",") if n.strip())
+    if not raw:
+        return NetworkConfig(label, multus_networks=multus)
+    pairs = []
+    for item in raw.split(","):
+        name, sep, fabric = item.strip().partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"MESHPLAN_RDMA_RESOURCES: {item!r} is not name=fabric (e.g. rdma/ib=ib); "
+                             f"fabrics: {', '.join(FABRICS)}")
+        pairs.append((name.strip(), fabric.strip()))
+    return NetworkConfig(label, tuple(pairs), multus)
+
+
+# The operator's network configuration (read once at start); pure functions take it as an argument.
+NETWORK = network_config_from_env(os.environ)
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One tier of the cluster's network as the planner prices it."""
+
+    kind: str               # "nvlink" | "pcie" | "ib" | "roce" | "efa" | "tcp"
+    gb_s: float             # bandwidth per GPU, one direction, GB/s
+    latency_us: float       # per-message latency, µs
+    source: str
+
+
+# Latencies: NCCL's tuning model (NVIDIA/nccl src/graph/tuning.cc, `hwLat`, Ring/LL: NVLink 0.47 µs, network
+# 2.7 µs); NCCL does not tell IB, RoCE and EFA apart there, neither do we.
+NVLINK_LATENCY_US = 0.47
+NET_LATENCY_US = 2.7
+
+
+def nvlink_tier(gpu: str | None) -> Tier:
+    """The tier inside one NVLink domain: the catalogue's NVLink per GPU (one direction), or PCIe."""
+    try:
+        from meshplan.catalog.gpus import get_gpu
+
+        spec = get_gpu(gpu) if gpu else None
+    except KeyError:
+        spec = None
+    if spec is None or spec.nvlink_domain <= 1:
+        # PCIe Gen5 x16: 64 GB/s per direction (PCI-SIG PCIe 5.0 spec, 32 GT/s x 16 lanes); the catalogue's NIC
+        # figure is what a PCIe-only node's GPUs reach each other at in the planner (perf.py `nvlink_gpus==1`).
+        return Tier("pcie", spec.nic_gb_s if spec else 0.0, NET_LATENCY_US,
+                    "PCIe: GPUs without NVLink (catalog.gpus nic_gb_s); latency NCCL tuning.cc hwLat NET")
+    return Tier("nvlink", spec.nvlink_uni_gb_s, NVLINK_LATENCY_US,
+                f"{spec.name}: NVLink {spec.nvlink_gb_s:g} GB/s bidirectional per GPU (catalog.gpus: "
+                f"{spec.source[:80]}); latency NCCL tuning.cc hwLat NVLink Ring/LL")
+
+
+def rdma_tier(fabric: str, gpu: str | None) -> Tier:
+    """The tier between the NVLink domains of one network block: one NIC per GPU at the catalogue's `nic_gb_s`
+    (HGX H100/H200: ConnectX-7 NDR InfiniBand 400 Gb/s = 50 GB/s per GPU, NVIDIA DGX H100/H200 user guide;
+    B300/GB300: ConnectX-8 XDR 800 Gb/s = 100 GB/s; RoCE on Spectrum-X the same 400 GbE per GPU; EFA on AWS
+    p5.48xlarge 3,200 Gb/s per 8 GPUs = 400 Gb/s per GPU, AWS EC2 P5 docs)."""
+    try:
+        from meshplan.catalog.gpus import get_gpu
+
+        nic = get_gpu(gpu).nic_gb_s if gpu else 0.0
+    except KeyError:
+        nic = 0.0
+    if fabric not in FABRICS:
+        return Tier("tcp", 0.0, NET_LATENCY_US, "no RDMA resource advertised: TCP sockets only, not planned on")
+    return Tier(fabric, nic, NET_LATENCY_US,
+                f"{fabric}: {nic * 8:g} Gb/s per GPU (catalog.gpus nic_gb_s for {gpu}); latency NCCL tuning.cc "
+                "hwLat NET Ring/LL")
+
 
 def product_has_nvlink(product: str) -> bool:
     """Whether GPUs of this product (a label value or catalogue/derived name) talk over NVLink inside a
@@ -153,6 +293,9 @@ class NodeInfo:
     resource: str = GPU_RESOURCE    # extended resource the pods request (nvidia.com/gpu, amd.com/gpu, nvidia.com/mig-*)
     product_label: str = LABEL_PRODUCT   # the node label that carries `product` (node affinity uses it)
     notes: tuple[str, ...] = ()     # what the labels said that changed the catalogue's view (shown in plan/status)
+    # Other extended resources the node advertises (allocatable, e.g. rdma/ib, vpc.amazonaws.com/efa): which
+    # of them are RDMA is decided with the operator's NetworkConfig when domains are built.
+    extended: tuple[tuple[str, int], ...] = ()
 
     @property
     def nvlink(self) -> bool:
@@ -177,6 +320,14 @@ class NodeInfo:
     def matches(self, selector: Mapping[str, str]) -> bool:
         labels = self.label_map
         return all(labels.get(k) == v for k, v in selector.items())
+
+    def rdma(self, network: NetworkConfig) -> tuple[str, int, str]:
+        """(resource, count, fabric) of the first RDMA resource this node advertises, or ('', 0, '')."""
+        for name, count in self.extended:
+            fabric = network.fabric_of(name)
+            if fabric and count > 0:
+                return name, count, fabric
+        return "", 0, ""
 
 
 def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
@@ -378,6 +529,8 @@ def node_info(
         resource=view["resource"],
         product_label=view["product_label"],
         notes=view["notes"],
+        extended=tuple(sorted((str(k), parse_count(v)) for k, v in (status.get("allocatable") or {}).items()
+                              if "/" in str(k) and not _is_gpu_resource(str(k)) and parse_count(v) > 0)),
     )
 
 
@@ -474,6 +627,16 @@ class Domain:
     gpu: str | None = None                    # catalogue/derived GPU name (NodeInfo.gpu); None: unknown product
     resource: str = GPU_RESOURCE              # extended resource the pods request
     product_label: str = LABEL_PRODUCT        # node label carrying `product`
+    # second tier: the network block this domain belongs to ('' = none: no RDMA resource on its nodes)
+    block: str = ""
+    fabric: str = ""                          # "ib" | "roce" | "efa" ('' = none)
+    rdma_resource: str = ""                   # the RDMA resource its nodes advertise (pods request it)
+    rdma_per_node: int = 0                    # how many of it each node advertises (the fewest of its nodes)
+
+    @property
+    def tier(self) -> Tier:
+        """Bandwidth and latency inside this domain (NVLink, or PCIe on cards without it)."""
+        return nvlink_tier(self.gpu)
 
     @property
     def nvlink_gpus(self) -> int:
@@ -494,8 +657,43 @@ class Domain:
 
 
 @dataclass(frozen=True)
+class NetworkBlock:
+    """NVLink domains that reach each other over one RDMA fabric (see the module doc)."""
+
+    name: str
+    fabric: str                      # "ib" | "roce" | "efa"
+    resource: str                    # the RDMA resource its nodes advertise
+    domains: tuple[str, ...]
+    gpu: str | None
+    total_gpus: int
+    free_gpus: int
+
+    @property
+    def tier(self) -> Tier:
+        return rdma_tier(self.fabric, self.gpu)
+
+
+def _fits_group(d: "Domain", stage_gpus: int, pp: int = 1) -> bool:
+    """Whether a replica of `pp` stages of `stage_gpus` GPUs may use this domain at all: MIG slices and
+    time-sliced GPUs take 1-GPU replicas only (no TP, EP or PP across them)."""
+    fractional = d.max_group_gpus == 1 and d.total_gpus > 1
+    return not fractional or stage_gpus * pp <= 1
+
+
+def gpus_per_pod_for(gpus_per_stage: int, gpus_per_node: int) -> int:
+    """Largest divisor of the stage size that fits one node (one pod per node slice of a stage)."""
+    for d in range(min(gpus_per_stage, gpus_per_node), 0, -1):
+        if gpus_per_stage % d == 0:
+            return d
+    return 1
+
+
+@dataclass(frozen=True)
 class Topology:
-    """Schedulable GPU nodes and their NVLink domains, with free GPUs.
+    """Schedulable GPU nodes, their NVLink domains and network blocks, with free GPUs.
+
+    The one model of the cluster: placement places on it, the planner counts replicas on it
+    (`replica_slots`, `why_no_room`, `gpus`, `for_gpu`), the autoscaler asks it for capacity.
 
     Immutable. `select` and `with_usage` return derived topologies without rebuilding
     the whole fleet: at 1,000 nodes a rebuild (`build_topology_from_infos`) costs
@@ -508,6 +706,8 @@ class Topology:
     nodes: Mapping[str, NodeState] = field(default_factory=dict)     # schedulable GPU nodes
     domains: tuple[Domain, ...] = ()
     excluded: tuple[tuple[str, str], ...] = ()                       # (node, reason)
+    name: str = ""                                                   # what it is (fleet file, kubeconfig), for messages
+    network: NetworkConfig = field(default_factory=lambda: NETWORK)   # how network blocks were read
     # memo of derived views (selections, name indexes); not part of the value
     _memo: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
@@ -568,11 +768,13 @@ class Topology:
         if kept_domains is not None:
             topo = Topology(nodes={n: s for n, s in self.nodes.items() if n in keep},
                             domains=tuple(d for d in self.domains if d.name in kept_domains),
-                            excluded=self.excluded, _memo={"shapes": shapes})
+                            excluded=self.excluded, name=self.name, network=self.network, _memo={"shapes": shapes})
         else:
             states = [self.nodes[n] for n in self.nodes if n in keep]
-            built = build_topology_from_infos([s.info for s in states], [(s.name, s.used_gpus) for s in states])
-            topo = Topology(nodes=built.nodes, domains=built.domains, excluded=self.excluded)
+            built = build_topology_from_infos([s.info for s in states], [(s.name, s.used_gpus) for s in states],
+                                              network=self.network)
+            topo = Topology(nodes=built.nodes, domains=built.domains, excluded=self.excluded, name=self.name,
+                            network=self.network)
         self._memo[key] = topo
         return topo
 
@@ -622,21 +824,202 @@ class Topology:
         # Domain(**vars(d), ...) rather than dataclasses.replace: the same copy, several times faster.
         domains = tuple(Domain(**{**vars(d), "free_gpus": sum(nodes[m].free_gpus for m in d.nodes)})
                         if d.name in touched else d for d in self.domains)
-        return Topology(nodes=nodes, domains=domains, excluded=self.excluded,
+        return Topology(nodes=nodes, domains=domains, excluded=self.excluded, name=self.name, network=self.network,
                         _memo={"shapes": self._memo.setdefault("shapes", {})})
 
-    def to_fleet(self, name: str = "") -> Any:
-        """The planner's view of this topology (`meshplan.planner.fleet.Fleet`: free GPUs per domain)."""
-        from meshplan.planner.fleet import fleet_from_topology
+    def named(self, name: str) -> "Topology":
+        """The same topology under another name (shown in plan messages)."""
+        return self if name == self.name else replace(self, name=name, _memo={})
 
-        return fleet_from_topology(self, name)
+    # ------------------------------------------------------------------ the second tier
+
+    @property
+    def blocks(self) -> tuple[NetworkBlock, ...]:
+        """The network blocks (domains sharing one RDMA fabric and block label value), by name."""
+        hit = self._memo.get("blocks")
+        if hit is None:
+            by: dict[str, list[Domain]] = defaultdict(list)
+            for d in self.domains:
+                if d.block:
+                    by[d.block].append(d)
+            hit = self._memo["blocks"] = tuple(
+                NetworkBlock(b, ds[0].fabric, ds[0].rdma_resource, tuple(d.name for d in ds), ds[0].gpu,
+                             sum(d.total_gpus for d in ds), sum(d.free_gpus for d in ds))
+                for b, ds in sorted(by.items()))
+        return hit
+
+    def block(self, name: str) -> NetworkBlock:
+        for b in self.blocks:
+            if b.name == name:
+                return b
+        raise KeyError(f"no network block {name!r}")
+
+    # ------------------------------------------------------------------ what the planner asks
+
+    @property
+    def unknown(self) -> tuple[str, ...]:
+        """Per schedulable node whose product the catalogue does not know: why, with its label named."""
+        return tuple(s.info.unknown for s in self.nodes.values() if s.info.unknown)
+
+    @property
+    def gpu_notes(self) -> tuple[tuple[str, str], ...]:
+        """(GPU name, note) for the label notes that explain a derived GPU (memory, MIG, sharing)."""
+        out: dict[tuple[str, str], None] = {}
+        for s in self.nodes.values():
+            if s.info.gpu:
+                for n in s.info.notes:
+                    out[(s.info.gpu, n)] = None
+        return tuple(out)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the nodes' labels said that changed the catalogue's view, with the nodes named."""
+        by_note: dict[str, list[str]] = defaultdict(list)
+        for s in self.nodes.values():
+            for n in s.info.notes:
+                by_note[n].append(s.name)
+        return tuple(f"node {ns[0]}: {n}" if len(ns) == 1 else
+                     f"{len(ns)} nodes ({', '.join(ns[:3])}{', ...' if len(ns) > 3 else ''}): {n}"
+                     for n, ns in by_note.items())
+
+    def notes_for(self, gpu: str) -> tuple[str, ...]:
+        return tuple(n for g, n in self.gpu_notes if g == gpu)
+
+    def gpus(self) -> tuple[str, ...]:
+        """Catalogue GPU names with free GPUs, most free GPUs first."""
+        free: dict[str, int] = defaultdict(int)
+        for d in self.domains:
+            if d.gpu and d.free_gpus > 0:
+                free[d.gpu] += d.free_gpus
+        return tuple(sorted(free, key=lambda g: (-free[g], g)))
+
+    def unknown_products(self) -> tuple[str, ...]:
+        return tuple(sorted({d.product for d in self.domains if d.gpu is None}))
+
+    def for_gpu(self, gpu: str) -> "Topology":
+        """Only the domains (and their nodes) of one catalogue GPU."""
+        key = ("for_gpu", gpu)
+        hit = self._memo.get(key)
+        if hit is None:
+            domains = tuple(d for d in self.domains if d.gpu == gpu)
+            keep = {n for d in domains for n in d.nodes}
+            hit = self._memo[key] = Topology(nodes={n: s for n, s in self.nodes.items() if n in keep},
+                                             domains=domains, excluded=self.excluded, name=self.name,
+                                             network=self.network)
+        return hit
+
+    def largest_free_domain(self) -> Domain | None:
+        return max(self.domains, key=lambda d: (d.free_gpus, d.name), default=None)
+
+    def gpus_per_pod(self, stage_gpus: int) -> int:
+        per_node = max((d.gpus_per_node for d in self.domains), default=1)
+        return gpus_per_pod_for(stage_gpus, max(1, per_node))
+
+    def _pods(self, d: Domain, g: int, *, total: bool = False) -> int:
+        """Pods of `g` GPUs the domain's nodes offer (free, or all GPUs with `total`)."""
+        return sum((self.nodes[n].info.gpus if total else self.nodes[n].free_gpus) // g
+                   for n in d.nodes if n in self.nodes)
+
+    def spans_domains(self, stage_gpus: int) -> bool:
+        """Whether one stage of `stage_gpus` GPUs is larger than every domain (by its total GPUs), so that
+        it can only run spread over the domains of one network block (wide EP). A stage that fits some
+        domain always stays inside one (placement's rule 1)."""
+        g = self.gpus_per_pod(stage_gpus)
+        per_stage = stage_gpus // g
+        return not any(self._pods(d, g, total=True) >= per_stage for d in self.domains if _fits_group(d, stage_gpus))
+
+    def replica_slots(self, stage_gpus: int, pp: int, *, span_blocks: bool = True) -> int:
+        """How many replicas of `pp` stages of `stage_gpus` GPUs fit the free GPUs, by the rules placement
+        follows (`meshplan.placement`; a property test checks the two agree):
+        - pods: a stage is `per_stage` pods of `g` GPUs, `g` the largest divisor of the stage that fits a node;
+        - a stage sits inside one NVLink domain; only a stage larger than every domain (`spans_domains`, with
+          `span_blocks`) spreads over the domains of ONE network block, whole pods per domain;
+        - a replica of one stage, or any replica when some domain can hold a whole replica, sits in one
+          domain; otherwise its stages spread over the domains of one zone (or, spanning, one block)."""
+        g = self.gpus_per_pod(stage_gpus)
+        per_stage = stage_gpus // g
+        if self.spans_domains(stage_gpus):
+            if not span_blocks:
+                return 0
+            by_block: dict[str, int] = defaultdict(int)
+            for d in self.domains:
+                if d.block and _fits_group(d, stage_gpus, pp):
+                    by_block[d.block] += self._pods(d, g)
+            return sum((pods // per_stage) // pp for pods in by_block.values())
+        stages = {d.name: self._pods(d, g) // per_stage if _fits_group(d, stage_gpus, pp) else 0
+                  for d in self.domains}
+        single = pp == 1 or any(self._pods(d, g, total=True) >= per_stage * pp for d in self.domains
+                                if _fits_group(d, stage_gpus, pp))
+        if single:
+            return sum(n // pp for n in stages.values())
+        by_zone: dict[str, int] = defaultdict(int)
+        for d in self.domains:
+            by_zone[d.zone] += stages[d.name]
+        return sum(n // pp for n in by_zone.values())
+
+    def why_no_room(self, stage_gpus: int, pp: int, *, span_blocks: bool = True) -> str:
+        """Why not even one replica fits, with the numbers."""
+        big = self.largest_free_domain()
+        if big is None:
+            return "the fleet has no GPUs of this product"
+        if stage_gpus * pp > 1 and not any(_fits_group(d, stage_gpus, pp) for d in self.domains):
+            return (f"a replica needs {stage_gpus * pp} GPUs working together, but these GPUs are MIG slices or "
+                    f"time-sliced replicas ({big.gpu}), never part of a multi-GPU group")
+        g = self.gpus_per_pod(stage_gpus)
+        per_stage = stage_gpus // g
+        if self.spans_domains(stage_gpus):
+            largest = max((self._pods(d, g, total=True) * g for d in self.domains), default=0)
+            if not span_blocks:
+                return (f"a pipeline stage needs {stage_gpus} GPUs in one NVLink domain, but the largest domain "
+                        f"holds {largest} (spec.parallelism.crossDomain: never)")
+            if not self.blocks:
+                return (f"a stage of {stage_gpus} GPUs is larger than any NVLink domain ({largest} GPUs) and "
+                        f"may span domains only inside a network block, but no node advertises an RDMA "
+                        f"resource ({', '.join(n for n, _ in self.network.rdma_resources)})")
+            best = min(self.blocks, key=lambda b: (-b.free_gpus, b.name))
+            return (f"a replica needs {pp} stage(s) of {stage_gpus} GPUs spread over the NVLink domains of one "
+                    f"network block, but the block with the most free GPUs ({best.name}, {best.fabric}) has "
+                    f"{best.free_gpus} free")
+        if big.free_gpus < stage_gpus:
+            return (f"a pipeline stage needs {stage_gpus} GPUs in one NVLink domain, but the largest free domain "
+                    f"({big.name}) has {big.free_gpus} free GPUs")
+        if not any(self._pods(d, g) >= per_stage for d in self.domains):
+            return (f"a pipeline stage needs {per_stage} pod(s) of {g} GPUs on the nodes of one NVLink domain; "
+                    f"free GPUs are too scattered over nodes (largest free domain {big.name}: {big.free_gpus})")
+        if pp == 1 or any(self._pods(d, g, total=True) >= per_stage * pp for d in self.domains):
+            return (f"a replica of {pp * stage_gpus} GPUs must sit in one NVLink domain (one is big enough), but "
+                    f"the largest free domain ({big.name}) has {big.free_gpus} free GPUs")
+        by_zone: dict[str, int] = defaultdict(int)
+        for d in self.domains:
+            by_zone[d.zone] += self._pods(d, g) // per_stage
+        best_zone = max(by_zone, key=lambda z: by_zone[z])
+        return (f"a replica needs {pp} stages of {stage_gpus} GPUs in one zone, but zone {best_zone or '(none)'} "
+                f"has room for {by_zone[best_zone]} such stages")
+
+
+def _block_of(members: Sequence[NodeState], network: NetworkConfig) -> tuple[str, str, str, int]:
+    """(block label value, fabric, RDMA resource, per node) of a domain's nodes; ('', '', '', 0) when some node
+    advertises no RDMA resource or the nodes disagree (resource or label value): then the domain is in no
+    block and never spans with another."""
+    seen = {(m.info.label_map.get(network.label, ""),) + m.info.rdma(network)[::2] for m in members}
+    rdma = [m.info.rdma(network) for m in members]
+    if len(seen) != 1 or any(not r[0] for r in rdma):
+        return "", "", "", 0
+    value, resource, fabric = next(iter(seen))
+    return value, fabric, resource, min(r[1] for r in rdma)
 
 
 def build_topology_from_infos(
     infos: Iterable[NodeInfo],
     usage: Iterable[tuple[str, int]] | Mapping[str, int] = (),
+    *,
+    network: NetworkConfig | None = None,
+    name: str = "",
 ) -> Topology:
-    """Topology from NodeInfos and (node, GPUs used) pairs (summed per node)."""
+    """Topology from NodeInfos and (node, GPUs used) pairs (summed per node); network blocks read with
+    `network` (default: the operator's `NETWORK`)."""
+    network = NETWORK if network is None else network
+    topology_name = name          # `name` is reused for each domain below
     used: dict[str, int] = defaultdict(int)
     for n, g in (usage.items() if isinstance(usage, Mapping) else usage):
         used[n] += int(g)
@@ -659,8 +1042,20 @@ def build_topology_from_infos(
         if k[0] == "clique":
             clique_keys[k[1]] += 1   # a clique whose nodes disagree on product, GPU or resource is split
 
+    blocks: dict[str, tuple[str, str, str, int]] = {}
+    for key, members in groups.items():
+        blocks[repr(key)] = _block_of(members, network)
+    # a block is one label value and one RDMA resource; a value shared by two resources names both
+    values: dict[str, set[str]] = defaultdict(set)
+    for value, _fabric, resource, _n in blocks.values():
+        if resource:
+            values[value].add(resource)
     domains = []
     for key, members in groups.items():
+        value, fabric, resource, per_node = blocks[repr(key)]
+        block = ""
+        if resource:
+            block = (value or "-") + (f"/{resource}" if len(values[value]) > 1 else "")
         kind, ident, zone, product = key[:4]
         first = members[0].info
         if kind == "clique":
@@ -690,9 +1085,14 @@ def build_topology_from_infos(
             gpu=first.gpu,
             resource=first.resource,
             product_label=first.product_label,
+            block=block,
+            fabric=fabric,
+            rdma_resource=resource,
+            rdma_per_node=per_node,
         ))
     domains.sort(key=lambda d: d.name)
-    return Topology(nodes=nodes, domains=tuple(domains), excluded=tuple(excluded))
+    return Topology(nodes=nodes, domains=tuple(domains), excluded=tuple(excluded), name=topology_name,
+                    network=network)
 
 
 def build_topology(
@@ -701,6 +1101,9 @@ def build_topology(
     tolerations: Sequence[Mapping[str, Any]] = DEFAULT_TOLERATIONS,
     ignore_pod: Callable[[Mapping[str, Any]], bool] | None = None,
     ready_if_unknown: bool = False,
+    *,
+    network: NetworkConfig | None = None,
+    name: str = "",
 ) -> Topology:
     """Topology from Node and Pod objects.
 
@@ -715,4 +1118,4 @@ def build_topology(
         u = pod_gpu_usage(p)
         if u is not None:
             usage.append(u)
-    return build_topology_from_infos(infos, usage)
+    return build_topology_from_infos(infos, usage, network=network, name=name)

@@ -36,9 +36,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--output", "-o", choices=("table", "json", "yaml"), default="table")
     p.add_argument("--plot", metavar="FILE.png", help="write the throughput-vs-interactivity picture")
     p.add_argument("--show-rejected", action="store_true", help="list every rejected layout with its reason")
-    p.add_argument("--allow-cross-domain", action="store_true",
-                   help="let a TP/EP group span NVLink domains over the NIC (priced, usually slower; "
-                        "placement still keeps stages inside a domain)")
+    p.add_argument("--cross-domain", choices=("auto", "never"), default=None,
+                   help="auto (default): an expert-parallel stage larger than every NVLink domain may span the "
+                        "domains of one RDMA network block (wide EP); never: every stage stays in one domain")
     p.set_defaults(func=run)
 
 
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)
                 return 2
         result = plan_for_spec(llmd.spec, fleet, keep_curves=bool(args.plot),
-                               allow_cross_domain=args.allow_cross_domain)
+                               cross_domain=args.cross_domain)
     except (ValueError, KeyError) as exc:
         print(f"meshplan plan: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
@@ -219,6 +219,8 @@ def format_table(result: Any, *, show_rejected: bool = False, fleet: Any = None,
     for c in front:
         lines.append(_row(c, "*" if c == result.choice else ""))
     lines += ["", "Choice:" if result.choice is not None else "No choice:", f"  {result.reason}"]
+    if result.extra.get("topology"):
+        lines.append(f"  topology: {result.extra['topology']}")
     if deployed:
         lines.append(f"  deployed: {deployed}")
     if result.choice is not None and result.extra.get("engine_args"):

@@ -320,7 +320,7 @@ def fallback_target(spec: Any, target: Target, topology: Topology, replicas: int
     for product in sorted((p for p, f in free.items() if f > 0), key=lambda p: (-free[p], p)):
         only = selected.select({**selector, label_of.get(product, LABEL_PRODUCT): product})
         try:
-            plan = plan_fn(spec, only.to_fleet())
+            plan = plan_fn(spec, only)
         except ValueError:
             continue
         if plan.choice is None:

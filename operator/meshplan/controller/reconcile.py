@@ -104,7 +104,10 @@ def plan_key(spec: Any, topology: Topology) -> str:
     """Hash of what the plan depends on: the spec without replicas/autoscaling, and the fleet's shape."""
     # A domain whose GPU the labels changed (memory label, MIG, time-slicing: `gpu` is a derived name) adds
     # that name, so relabelling replans; plain catalogue GPUs keep the shape (and stored plans) of before.
+    # The network block (RDMA fabric) enters only when there is one: fleets without RDMA keep their keys, and a
+    # node that starts (or stops) advertising an RDMA resource replans (wide EP becomes possible or not).
     shape = sorted((d.name, d.product, d.total_gpus, d.zone) + ((d.gpu,) if d.gpu and d.gpu != _plain(d.product) else ())
+                   + ((f"block={d.block}/{d.fabric}",) if d.block else ())
                    for d in topology.select(dict(spec.gpus.node_selector or {})).domains)
     raw = json.dumps({"spec": _planned_spec(spec), "fleet": shape}, sort_keys=True, default=str)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
@@ -147,10 +150,10 @@ def _capacity_message(spec: Any, topology: Topology, reason: str,
     from meshplan.planner import plan_for_spec
 
     sel = dict(spec.gpus.node_selector or {})
-    whole = empty.select(sel).to_fleet() if empty is not None else None
+    whole = empty.select(sel) if empty is not None else None
     if whole is not None and not whole.gpus():
         whole = None
-    fleet = topology.select(sel).to_fleet()
+    fleet = topology.select(sel)
     if fleet.unknown and not fleet.gpus():
         # Not capacity: the nodes' GPUs are there but their product is not known (named, with its label).
         return "UnknownGPUProduct", reason
@@ -278,7 +281,7 @@ def verify_stored_plan(plan: Any, spec: Any, topology: Topology) -> list[str]:
                    f"per replica x {max(fewest, 1)}")
     if out:
         return out
-    fleet = topology.select(dict(spec.gpus.node_selector or {})).to_fleet()
+    fleet = topology.select(dict(spec.gpus.node_selector or {}))
     base = plan_inputs_from_spec(spec)["space"]
 
     def planner_agrees(cand: Any) -> bool:
@@ -890,7 +893,7 @@ class Reconciler:
             self.plans_moved.add(uid)       # rewrite the annotation with the plan made now
         t0 = time.monotonic()
         try:
-            plan = plan_for_spec(spec, topology.select(dict(spec.gpus.node_selector or {})).to_fleet())
+            plan = plan_for_spec(spec, topology.select(dict(spec.gpus.node_selector or {})))
         except ValueError as exc:
             return str(exc)
         finally:

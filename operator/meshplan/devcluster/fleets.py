@@ -9,7 +9,12 @@ becomes a kwok-managed Node carrying what real GPU nodes carry:
   `.memory` (MiB), `.family`, and `nvidia.com/gpu.clique` for nodes in one
   multi-node NVLink (IMEX) domain such as a GB200 NVL72 rack
   (k8s-device-plugin docs/gpu-feature-discovery/README.md);
-- `topology.kubernetes.io/zone` and `kubernetes.io/hostname`.
+- `topology.kubernetes.io/zone` and `kubernetes.io/hostname`;
+- optional RDMA resources (`rdma: {rdma/ib: 8}`) in allocatable/capacity, as the
+  RDMA shared device plugin (github.com/Mellanox/k8s-rdma-shared-dev-plugin), NVIDIA
+  network operator's host-device network (`nvidia.com/hostdev`) or the AWS EFA
+  device plugin (`vpc.amazonaws.com/efa`) advertise them: the second tier of the
+  topology (network blocks, `meshplan.topology`).
 
 Nodes also carry `meshplan.dev/fleet=<name>` so several fleets can share one
 dev cluster and tests can select one.
@@ -79,6 +84,7 @@ def fleet_nodes(fleet: dict[str, Any]) -> list[dict[str, Any]]:
                 "ephemeral-storage": "1Ti",
                 "nvidia.com/gpu": gpus,
             }
+            resources_.update({str(k): str(int(v)) for k, v in (g.get("rdma") or {}).items()})
             nodes.append({
                 "apiVersion": "v1",
                 "kind": "Node",

@@ -142,7 +142,7 @@ def plan(
                                     "candidates": len(res.candidates), "rejected": len(res.rejected),
                                     "notes": list(res.notes)}
         for n in res.notes:  # what the precision rule did with the checkpoint's dtype (plan output)
-            if "checkpoint" in n and f"{g.name}: {n}" not in extra.get("notes", []):
+            if ("checkpoint" in n or n.startswith("warning: TP")) and f"{g.name}: {n}" not in extra.get("notes", []):
                 extra.setdefault("notes", []).append(f"{g.name}: {n}")
     chosen = choose(candidates, objective, slo, n_alternatives=n_alternatives)
     # The frontier shown is that of the candidates that meet the SLO (where the choice lies), or of all
@@ -162,7 +162,10 @@ def plan(
         # sentence the Planned condition and status.plan.reason show.
         reason += f" (GPU {chosen.choice.gpu} from the node labels: {'; '.join(fleet.notes_for(chosen.choice.gpu))})"
     if not candidates and rejected:
-        reason = (f"every layout was rejected; e.g. {rejected[0].layout.label()}: {rejected[0].reason}")
+        # the example shown: a wide layout's topology reason when there is one (it says what the cluster
+        # lacks, e.g. RDMA between the nodes), else the first rejection
+        ex = next((r for r in rejected if "network block" in r.reason or "RDMA" in r.reason), rejected[0])
+        reason = (f"every layout was rejected; e.g. {ex.layout.label()}: {ex.reason}")
     if params_warning:  # also in the reason, which the operator writes to status.plan.reason
         reason = f"{reason}; warning: {params_warning}"
     if chosen.choice is not None:
@@ -176,6 +179,10 @@ def plan(
         extra["engine_notes"] = list(e.notes)
     extra["eligible"] = chosen.eligible
     extra["slo"] = slo is not None
+    topo_line = _topology_comparison(candidates, chosen.choice, objective, slo, fleet, rejected,
+                                     {g.name: g for g in specs})
+    if topo_line:
+        extra["topology"] = topo_line
     if keep_curves:                                   # per-layout curves, for the plot
         extra["shape_frontiers"] = shape_frontiers(candidates)
     return Plan(
@@ -190,6 +197,61 @@ def plan(
         model=getattr(model, "name", ""),
         extra=extra,
     )
+
+
+def _domain_gpus_for(gpu_name: str, fleet: Any, specs: dict[str, Any] | None = None) -> int:
+    """GPUs of the largest NVLink domain of this GPU: the fleet's, else the GPU spec's (the planned spec
+    objects first: a GPU passed as a `GpuSpec` need not be in the catalogue)."""
+    from meshplan.catalog.gpus import get_gpu
+    from meshplan.planner.search import domain_gpus
+
+    if fleet is not None:
+        sizes = [d.total_gpus if d.nvlink else d.gpus_per_node for d in fleet.domains if d.gpu == gpu_name]
+        if sizes:
+            return max(sizes)
+    spec = (specs or {}).get(gpu_name)
+    return domain_gpus(spec if spec is not None else get_gpu(gpu_name))
+
+
+def _topology_comparison(candidates: Sequence[Any], choice: Any, objective: str, slo: Any, fleet: Any,
+                         rejected: Sequence[Rejected], specs: dict[str, Any] | None = None) -> str:
+    """One sentence: the choice against the best layout inside one NVLink domain and the best wide-EP layout
+    (a stage spread over the domains of a network block), with their predicted figures; '' without a choice."""
+    if choice is None:
+        return ""
+
+    sizes: dict[str, int] = {}
+
+    def wide(c: Any) -> bool:
+        if c.gpu not in sizes:
+            sizes[c.gpu] = _domain_gpus_for(c.gpu, fleet, specs)
+        return c.layout.gpus_per_stage > sizes[c.gpu]
+
+    def fig(c: Any) -> str:
+        p = c.prediction
+        return (f"{c.layout.label()} x DP{c.layout.dp} on {c.gpu} ({c.layout.total_gpus} GPUs): "
+                f"{p.tokens_per_s_per_gpu:,.1f} tokens/s/GPU at {p.tokens_per_s_per_user:.1f} tokens/s/user")
+
+    parts = []
+    for label, subset in (("inside one NVLink domain", [c for c in candidates if not wide(c)]),
+                          ("wide EP across NVLink domains of one RDMA network block",
+                           [c for c in candidates if wide(c)])):
+        best = choose(subset, objective, slo, n_alternatives=0).choice if subset else None
+        if best is None:
+            if "wide" in label:
+                r = next((r for r in rejected if "network block" in r.reason or "RDMA" in r.reason), None)
+            else:
+                dom = _domain_gpus_for(choice.gpu, fleet, specs)
+                inside = [r for r in rejected if r.layout.gpus_per_replica <= dom]
+                r = max(inside, key=lambda r: r.layout.gpus_per_replica) if inside else None
+            why = (f" ({r.layout.label()}: {r.reason})" if r and not subset else
+                   " (none meets the SLO)" if subset else " (no layout fits)")
+            parts.append(f"best {label}: none{why}")
+        elif best == choice:
+            parts.append(f"chosen {label}: {fig(best)}")
+        else:
+            parts.append(f"best {label}: {fig(best)}")
+    return "; ".join(parts)
 
 
 def shape_frontiers(candidates: Sequence[Any]) -> dict[str, list[tuple[float, float]]]:
@@ -329,18 +391,18 @@ def plan_inputs_from_spec(spec: Any) -> dict[str, Any]:
     )
 
 
-def plan_for_spec(spec: Any, fleet: Any = None, *, allow_cross_domain: bool = False, **overrides: Any) -> Plan:
-    """Plan an `LLMDeploymentSpec`, restricted to `fleet` (a `planner.fleet.Fleet`) when given.
+def plan_for_spec(spec: Any, fleet: Any = None, *, cross_domain: str | None = None, **overrides: Any) -> Plan:
+    """Plan an `LLMDeploymentSpec`, restricted to `fleet` (a `meshplan.topology.Topology`) when given.
 
     GPU products: `spec.gpus.products`, else the fleet's, else `DEFAULT_GPU`.
-    `allow_cross_domain` lets TP/EP groups span NVLink domains over the NIC
-    (priced by the performance model; placement keeps its own rule).
+    `cross_domain` ("auto" | "never", `SearchSpace.cross_domain`; None: the default "auto") decides whether an
+    EP stage larger than every NVLink domain may span the domains of one network block.
     """
     from dataclasses import replace
 
     kw = plan_inputs_from_spec(spec)
-    if allow_cross_domain:
-        kw["space"] = replace(kw["space"], allow_cross_domain=True)
+    if cross_domain is not None:
+        kw["space"] = replace(kw["space"], cross_domain=cross_domain)
     if kw["gpus"] is None:
         kw["gpus"] = list(fleet.gpus()) if fleet is not None and fleet.gpus() else [DEFAULT_GPU]
     else:

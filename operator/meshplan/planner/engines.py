@@ -31,7 +31,7 @@ def replica_pods(layout: Layout, gpus_per_node: int) -> tuple[int, int]:
     """(pods, GPUs per pod) of one replica on nodes of `gpus_per_node` GPUs: each pipeline stage is split
     into pods of the largest divisor of its GPUs that fits one node (`placement.request_for_layout`, which
     the renderer follows: one pod per node slice, one stage after the other)."""
-    from meshplan.placement import gpus_per_pod_for
+    from meshplan.topology import gpus_per_pod_for
 
     stage = layout.tp * layout.ep
     g = gpus_per_pod_for(stage, max(1, gpus_per_node))

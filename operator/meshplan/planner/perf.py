@@ -21,7 +21,11 @@ Algorithm (facts in ../shared/docs/planner.md, "Time" and "Communication"):
      `a2a_peer_us` per EP rank), each over NVLink while the group fits the NVLink domain; beyond
      it an all-to-all sends the share of traffic that leaves the domain through
      each GPU's own NIC, while an all-reduce's rings spread over all the domain's
-     NICs (`_allreduce_bw`); each with a per-collective latency;
+     NICs (`_allreduce_bw`); each with a per-collective latency. With a DeepEP
+     all-to-all backend (`a2a_backend` "deepep*", what SGLang's `--moe-a2a-backend
+     deepep` and vLLM's `--all2all-backend deepep_*` run) an EP group that crosses
+     the NVLink domain is priced with DeepEP's published bandwidths instead
+     (`deepep_a2a_s`);
    - a fixed `layer_us` per layer (kernel launches that CUDA graphs do not hide),
    plus `iter_ms` per iteration (scheduler, sampling).
 2. DECODE (TPOT): at concurrency B the engine runs `B_run = min(B, max_num_seqs,
@@ -177,6 +181,47 @@ class _Stage:
     pp_bw: float                 # bytes/s between stages
     act_bytes: float             # bytes per activation element on the wire (bf16)
     dispatch_bytes: float        # bytes per element for EP dispatch
+    deepep: bool = False         # the all-to-all runs DeepEP's kernels (priced by `deepep_a2a_s` across domains)
+    nic_gb_s: float = 0.0        # the GPU's NIC, one direction (GB/s)
+
+
+# DeepEP V1 published kernel bandwidths (github.com/deepseek-ai/DeepEP docs/legacy.md "Performance"; H800
+# with one ConnectX-7 400 Gb/s InfiniBand NIC per GPU, ~50 GB/s; FP8 dispatch, BF16 combine, 7168 hidden,
+# top-8). Bottleneck RDMA bandwidth per GPU in GB/s, by EP size. Normal kernels (NVLink + RDMA forwarding),
+# measured at 4096 tokens per batch: dispatch / combine. Low-latency kernels (pure RDMA), measured at 128
+# tokens per batch: their latency there is the bytes over this bandwidth (EP16 dispatch: 128 x 8 x 7168 B
+# / 63 GB/s = 117 µs against the 118 µs published; combine 2 B / 74 GB/s = 198 µs against 195 µs).
+DEEPEP_NIC_GB_S = 50.0
+DEEPEP_NORMAL_GB_S: dict[int, tuple[float, float]] = {16: (43.0, 43.0), 32: (58.0, 57.0), 64: (51.0, 50.0)}
+DEEPEP_LOW_LATENCY_GB_S: dict[int, tuple[float, float]] = {
+    8: (98.0, 127.0), 16: (63.0, 74.0), 32: (48.0, 53.0), 64: (43.0, 46.0), 128: (39.0, 39.0), 256: (39.0, 40.0)}
+# DeepEP recommends the low-latency kernels for decoding batches below 256 tokens per rank (legacy.md,
+# "num_max_dispatch_tokens_per_rank ... should be less than 256"); larger steps (prefill) use the normal ones.
+DEEPEP_LOW_LATENCY_MAX_TOKENS = 256
+
+
+def _table_bw(table: dict[int, tuple[float, float]], ep: int) -> tuple[float, float]:
+    """The row for `ep`: the published one, else the nearest published EP size (log scale)."""
+    if ep in table:
+        return table[ep]
+    near = min(table, key=lambda k: (abs(math.log2(k) - math.log2(max(ep, 1))), k))
+    return table[near]
+
+
+def deepep_a2a_s(tokens_per_rank: float, k: int, hidden: int, dispatch_bytes: float, combine_bytes: float,
+                 ep: int, nic_gb_s: float) -> tuple[float, str]:
+    """Seconds of one MoE layer's dispatch + combine with DeepEP across NVLink domains, and the kernel used.
+
+    Bytes per GPU: its tokens x top-k x hidden x bytes per element (DeepEP's 'logical bandwidth' counts
+    every routed copy, local ones included), over the published bandwidth scaled from the 50 GB/s NIC it
+    was measured on to this GPU's NIC (`nic_gb_s`)."""
+    scale = nic_gb_s / DEEPEP_NIC_GB_S if nic_gb_s > 0 else 1.0
+    if tokens_per_rank <= DEEPEP_LOW_LATENCY_MAX_TOKENS:
+        kernel, (bd, bc) = "low-latency", _table_bw(DEEPEP_LOW_LATENCY_GB_S, ep)
+    else:
+        kernel, (bd, bc) = "normal", _table_bw(DEEPEP_NORMAL_GB_S, ep)
+    per = tokens_per_rank * k * hidden
+    return per * dispatch_bytes / (bd * scale * 1e9) + per * combine_bytes / (bc * scale * 1e9), kernel
 
 
 def _link_bw(gpu: GpuSpec, group: int) -> float:
@@ -216,7 +261,8 @@ def _allreduce_bw(gpu: GpuSpec, group: int) -> float:
 
 
 @lru_cache(maxsize=8192)
-def _stage(model: ModelArch, gpu: GpuSpec, m: ReplicaMapping, weight_dtype: str, kv_dtype: str) -> _Stage:
+def _stage(model: ModelArch, gpu: GpuSpec, m: ReplicaMapping, weight_dtype: str, kv_dtype: str,
+           a2a_backend: str | None = None) -> _Stage:
     cd = mem.component_dtypes(model, weight_dtype)   # per component (checkpoint dtypes, config.json)
     wb = mem.WEIGHT_BYTES[cd["dense"]]
     ab = mem.WEIGHT_BYTES[cd["attention"]]
@@ -272,6 +318,8 @@ def _stage(model: ModelArch, gpu: GpuSpec, m: ReplicaMapping, weight_dtype: str,
         pp_bw=_link_bw(gpu, m.gpus_per_stage * 2) if m.gpus_per_stage * 2 > gpu.nvlink_domain else _link_bw(gpu, 2),
         act_bytes=2.0,
         dispatch_bytes=1.0 if weight_dtype in ("fp8", "fp4", "int8") else 2.0,
+        deepep=bool(a2a_backend) and str(a2a_backend).startswith("deepep"),
+        nic_gb_s=gpu.nic_gb_s,
     )
 
 
@@ -318,7 +366,12 @@ def iteration_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams,
         if st.shared_w_bytes:
             t_exp += max(T * st.shared_flops_tok / fl, st.shared_w_bytes / me_bw)
         t += st.n_moe * t_exp
-        if m.moe_ep > 1:
+        if m.moe_ep > 1 and st.deepep and st.ep_cross:
+            tok_gpu = T / m.attn_tp
+            a2a_s, _kernel = deepep_a2a_s(tok_gpu, k, model.hidden_size, st.dispatch_bytes, st.act_bytes,
+                                          m.moe_tp * m.moe_ep, st.nic_gb_s)
+            t += st.n_moe * a2a_s
+        elif m.moe_ep > 1:
             tok_gpu = T / m.attn_tp
             a2a = tok_gpu * k * model.hidden_size * (st.dispatch_bytes + st.act_bytes) * (m.moe_ep - 1) / m.moe_ep
             lat = q.nic_us if st.ep_cross else q.comm_us
@@ -367,6 +420,7 @@ def predict(
     memory: MemoryFit | None = None,
     params: PerfParams | dict | None = None,
     memory_fraction: float = 0.9,
+    a2a_backend: str | None = None,
 ) -> Prediction:
     """Per-replica TTFT, TPOT and throughput of `layout` serving `workload`.
 
@@ -386,7 +440,7 @@ def predict(
         memory = mem.memory_fit(model, gpu, m, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                 context_tokens=workload.context, chunk_size=chunk,
                                 max_num_seqs=seqs_cap, engine=engine, memory_fraction=memory_fraction)
-    st = _stage(model, gpu, m, weight_dtype, kv_dtype)
+    st = _stage(model, gpu, m, weight_dtype, kv_dtype, a2a_backend)
     dp = layout.dp if isinstance(layout, Layout) else 1
     notes: list[str] = []
 

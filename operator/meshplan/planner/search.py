@@ -9,11 +9,15 @@ Algorithm
    - model: `tp` at most the attention heads; `ep` divides the experts (and is 1
      for a dense model); `pp` at most the layers (uneven stages are allowed:
      engines split the remainder);
-   - topology: one stage's `tp * ep` GPUs fit one NVLink domain of the GPU
-     (PCIe-only cards: one node) unless crossing the NIC is explicitly allowed
-     (`allow_cross_domain`; the performance model then prices the NIC share of
-     the collectives); with a fleet, the fleet rule below checks the stages
-     against each domain's free GPUs instead;
+   - topology (`SearchSpace.cross_domain`): a TP group never crosses an NVLink
+     domain (PCIe-only cards: one node) unless `tp` is pinned (then it is priced
+     over the RDMA tier and the result carries a warning, not a refusal); an EP
+     stage larger than every domain may span the domains of ONE network block
+     (wide EP, attention data-parallel over the domains; `cross_domain="never"`
+     keeps every stage inside a domain). The performance model prices the RDMA
+     share of the collectives. With a fleet (`meshplan.topology.Topology`) the
+     fleet rule below checks the stages against the domains' and blocks' free
+     GPUs; without one the catalogue's GPU is assumed on RDMA-connected nodes;
    - engine: `engines.check_layout` (e.g. vLLM needs heads divisible by TP
      and experts enough for EP = TP x DP; SGLang DeepEP needs tp = 1), with
      the GPUs per node, so that the rules on how a replica splits into pods
@@ -93,7 +97,9 @@ class SearchSpace:
     weight_dtype: Dtype | Literal["auto"] = "auto"
     kv_dtype: Dtype | Literal["auto"] = "auto"
     accuracy_floor: Dtype = "fp8"
-    allow_cross_domain: bool = False
+    # "auto": an EP stage larger than every NVLink domain may span the domains of one network block (and a
+    # pinned TP may cross a domain, with a warning); "never": every stage stays inside one domain.
+    cross_domain: Literal["auto", "never"] = "auto"
     memory_fraction: float = 0.9
     headroom: float = 0.0
     a2a_backend: str | None = None
@@ -128,8 +134,9 @@ def domain_gpus(gpu: Any) -> int:
     return gpu.nvlink_domain if gpu.nvlink_domain > 1 else max(1, gpu.gpus_per_node)
 
 
-def shape_rule(model: Any, tp: int, ep: int, pp: int, *, domain: int, allow_cross_domain: bool,
-               engine: Engine | None, a2a_backend: str | None = None, gpus_per_node: int | None = None) -> str | None:
+def shape_rule(model: Any, tp: int, ep: int, pp: int, *, domain: int, cross_domain: str = "auto",
+               tp_pinned: bool = False, engine: Engine | None, a2a_backend: str | None = None,
+               gpus_per_node: int | None = None) -> str | None:
     """The first structural rule (model, topology, engine) that `tp x ep x pp` breaks, or None."""
     heads = model.num_attention_heads
     if tp > heads:
@@ -140,9 +147,12 @@ def shape_rule(model: Any, tp: int, ep: int, pp: int, *, domain: int, allow_cros
         return f"ep={ep} does not divide the {model.num_experts} experts of {model.name}"
     if pp > model.num_layers:
         return f"pp={pp} exceeds the {model.num_layers} layers of {model.name}"
-    if tp * ep > domain and not allow_cross_domain:
-        return (f"one stage (TP{tp} x EP{ep} = {tp * ep} GPUs) exceeds the {domain}-GPU NVLink domain; "
-                f"TP/EP groups stay inside a domain (set allow_cross_domain to price the NIC instead)")
+    if tp * ep > domain and cross_domain == "never":
+        return (f"one stage (TP{tp} x EP{ep} = {tp * ep} GPUs) exceeds the {domain}-GPU NVLink domain and "
+                f"crossDomain is never: every stage stays inside one domain")
+    if tp > domain and not tp_pinned:
+        return (f"TP{tp} exceeds the {domain}-GPU NVLink domain: a TP group never crosses a domain unless "
+                f"spec.parallelism.tensor pins it (wide EP spans domains with TP inside each)")
     if engine is not None:
         return engines_mod.check_layout(Layout(tp, ep, pp), engine, model, a2a_backend=a2a_backend,
                                         gpus_per_node=gpus_per_node)
@@ -178,8 +188,11 @@ def enumerate_shapes(
 
     `memory_fn=None` skips the memory rule (pure structure).
     """
-    # With a fleet, the fleet rule below checks stages against each domain's FREE GPUs.
-    domain = domain_gpus(gpu) if fleet is None else max_gpus
+    # The NVLink domain a TP group must stay in: the fleet's largest (its nodes' real size), else the
+    # catalogue's. Whether a stage fits the FREE GPUs is the fleet rule below.
+    domain = domain_gpus(gpu)
+    if fleet is not None and fleet.domains:
+        domain = max(d.total_gpus if d.nvlink else d.gpus_per_node for d in fleet.domains)
     # GPUs per node, as placement and the renderer will split a replica into pods (the fleet's nodes when
     # given, as `Fleet.gpus_per_pod` counts them; else the catalogue's node)
     per_node = max((d.gpus_per_node for d in fleet.domains), default=0) if fleet is not None else 0
@@ -195,8 +208,9 @@ def enumerate_shapes(
                 if gpr > max_gpus:
                     continue
                 shape = Layout(tp, ep, pp)
-                reason = shape_rule(model, tp, ep, pp, domain=domain, allow_cross_domain=space.allow_cross_domain,
-                                    engine=engine, a2a_backend=space.a2a_backend, gpus_per_node=per_node)
+                reason = shape_rule(model, tp, ep, pp, domain=domain, cross_domain=space.cross_domain,
+                                    tp_pinned=space.tensor is not None, engine=engine,
+                                    a2a_backend=space.a2a_backend, gpus_per_node=per_node)
                 if reason is None and memory_fn is not None:
                     fit = memory_fn(model, gpu, shape, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                     context_tokens=context_tokens, chunk_size=min_chunk, max_num_seqs=1,
@@ -206,9 +220,10 @@ def enumerate_shapes(
                         reason = f"memory: {fit.reason}"
                 max_dp = max_gpus // gpr
                 if reason is None and fleet is not None:
-                    slots = fleet.replica_slots(tp * ep, pp, cross_domain=space.allow_cross_domain)
+                    span = space.cross_domain != "never"
+                    slots = fleet.replica_slots(tp * ep, pp, span_blocks=span)
                     if slots == 0:
-                        reason = f"fleet: {fleet.why_no_room(tp * ep, pp)}"
+                        reason = f"fleet: {fleet.why_no_room(tp * ep, pp, span_blocks=span)}"
                     max_dp = min(max_dp, slots)
                 if reason is None:
                     ok.append((shape, max_dp))
@@ -311,10 +326,20 @@ def search(
     if refused:
         return SearchResult((), (Rejected(Layout(), f"engine: {refused}"),), (), wd, kd, 0, tuple(notes))
     context = workload.context
+    if space.tensor is not None and space.cross_domain != "never":
+        dom = domain_gpus(gpu)
+        if fleet is not None and fleet.domains:
+            dom = max(d.total_gpus if d.nvlink else d.gpus_per_node for d in fleet.domains)
+        if space.tensor > dom:
+            notes.append(f"warning: TP{space.tensor} is pinned and crosses the {dom}-GPU NVLink domain: its "
+                         f"all-reduces run over the RDMA network (priced so, usually much slower); TP groups "
+                         f"stay inside a domain unless pinned")
     shapes, rejected = enumerate_shapes(model, gpu, max_gpus, space=space, engine=engine, fleet=fleet,
                                         memory_fn=memory_fn, weight_dtype=wd, kv_dtype=kd,
                                         context_tokens=context)
     loaded = workload.concurrency is not None or workload.request_rate is not None
+    # the all-to-all backend the renderer passes (DeepEP is priced with its own tables across domains)
+    a2a_kw = {"a2a_backend": space.a2a_backend} if space.a2a_backend else {}
     candidates: list[Candidate] = []
     evaluated = 0
     for shape, max_dp in shapes:
@@ -348,7 +373,7 @@ def search(
                 for s in seqs:
                     pred = predictor(model, gpu, mapping, per_replica, weight_dtype=wd, kv_dtype=kd,
                                      chunk_size=chunk, max_num_seqs=s, engine=engine,
-                                     concurrency=None if loaded else s, memory=fit)
+                                     concurrency=None if loaded else s, memory=fit, **a2a_kw)
                     evaluated += 1
                     if not loaded and pred.tokens_per_s_per_gpu <= prev_tput:
                         # saturated: a larger batch limit gains no throughput and no per-user speed, so

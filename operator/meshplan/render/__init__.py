@@ -37,7 +37,7 @@ from meshplan.render.engine_args import (
     ServingOptions,
     engine_command,
 )
-from meshplan.render.nccl import Explanation, GroupTopology, nccl_env
+from meshplan.render.nccl import Explanation, GroupTopology, nccl_env, nvshmem_env, rdma_request
 from meshplan.render.workloads import (
     ANNOTATION_DOMAIN,
     ANNOTATION_EXPLAIN,
@@ -163,8 +163,41 @@ def _group_topology(replica: ReplicaPlacement, topology: Topology) -> GroupTopol
         d.nvlink and d.multi_node and len({p.node for p in replica.pods if p.domain == d.name}) > 1
         for d in domains
     )
+    # RDMA: a group that reaches beyond NVLink, on domains of one network block with one RDMA resource
+    crosses = len(nodes) > 1 and (not mnnvl or len(domains) > 1)
+    fabric = {(d.fabric, d.rdma_resource) for d in domains}
+    rdma = next(iter(fabric)) if crosses and len(fabric) == 1 and all(d.rdma_resource for d in domains) else ("", "")
     return GroupTopology(nodes=len(nodes), nvlink=all(d.nvlink for d in domains), multi_node_nvlink=mnnvl,
-                         spans_domains=len(domains) > 1)
+                         spans_domains=len(domains) > 1, rdma_fabric=rdma[0], rdma_resource=rdma[1])
+
+
+# Multus attachment annotation (github.com/k8snetworkplumbingwg/multus-cni docs/how-to-use.md)
+MULTUS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+
+
+def _rdma_pod_settings(gt: GroupTopology, topology: Topology, node: str, gpus_per_pod: int
+                       ) -> tuple[dict[str, int], tuple[str, ...], dict[str, str], list[Explanation]]:
+    """(extra resources, added capabilities, annotations, why) of one pod of a group that uses RDMA."""
+    if not gt.rdma_resource:
+        return {}, (), {}, []
+    dom = topology.domain_of(node)
+    info = topology.nodes[node].info
+    n = rdma_request(gt.rdma_resource, dom.rdma_per_node if dom else 1, gpus_per_pod, info.gpus)
+    why = [Explanation(f"resources {gt.rdma_resource}", str(n),
+                       f"the group reaches beyond NVLink over {gt.rdma_fabric}: the pod requests the RDMA devices "
+                       f"its nodes advertise (shared-device plugins: one share; exclusive devices: its GPUs' share)",
+                       "k8s-rdma-shared-dev-plugin / aws-efa-k8s-device-plugin READMEs"),
+           Explanation("securityContext.capabilities.add", "IPC_LOCK",
+                       "RDMA registers (pins) GPU and host buffers (ibv_reg_mr), beyond the container's default "
+                       "RLIMIT_MEMLOCK without IPC_LOCK; NVIDIA network operator's RDMA pod examples add it. Not "
+                       "allowed by Pod Security baseline (docs/security.md)",
+                       "NVIDIA network operator docs; Linux capabilities(7)")]
+    annotations = {}
+    if topology.network.multus_networks:
+        annotations[MULTUS_ANNOTATION] = ",".join(topology.network.multus_networks)
+        why.append(Explanation(f"annotation {MULTUS_ANNOTATION}", annotations[MULTUS_ANNOTATION],
+                               "secondary RDMA networks from the chart value network.multusNetworks", "Multus docs"))
+    return {gt.rdma_resource: n}, ("IPC_LOCK",), annotations, why
 
 
 def _merge_env(*layers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -221,11 +254,16 @@ def render_group(
     out_pods = []
     commands: list[EngineCommand] = []
     all_ports: dict[str, int] = {}
+    group_why: list[Explanation] = []
     for p in replica.pods:
         role = PodRole(rank=p.rank, pods=n_pods, gpus_per_pod=gpus_per_pod, leader_host=hosts[0],
                        peer_hosts=hosts, env_names=env_names, deployment=name)
         cmd = engine_command(candidate, serving, role)
         commands.append(cmd)
+        nv_env, nv_why = nvshmem_env(gt, cmd.args, ib_hca=network.ib_hca, user_env=network.env)
+        rdma_res, rdma_caps, rdma_ann, rdma_why = _rdma_pod_settings(gt, topology, p.node, gpus_per_pod)
+        if p.rank == 0:
+            group_why = [*nv_why, *rdma_why]
         for pn, port in cmd.ports:
             all_ports.setdefault(pn, port)
         bootstrap_env = [
@@ -236,7 +274,8 @@ def render_group(
         ]
         # On the pod: why each NCCL variable is set, and every warning; engine flags explain
         # themselves in args (the full list is Rendered.explain, printed by `meshplan render --explain`).
-        explain_lines = [e.line() for e in (*nccl.explain, *(e for e in cmd.explain if e.level == "warning"))]
+        explain_lines = [e.line() for e in (*nccl.explain, *nv_why, *rdma_why,
+                                            *(e for e in cmd.explain if e.level == "warning"))]
         domain = topology.domain(p.domain)
         node = topology.nodes[p.node].info
         pod = engine_pod(
@@ -246,12 +285,12 @@ def render_group(
             labels={**group_labels, LABEL_ROLE: "leader" if p.rank == 0 else "worker",
                     LABEL_RANK: str(p.rank), LABEL_STAGE: str(p.stage)},
             annotations={ASSIGNED_NODE_ANNOTATION: p.node, ANNOTATION_DOMAIN: p.domain,
-                         ANNOTATION_EXPLAIN: "\n".join(explain_lines)},
+                         ANNOTATION_EXPLAIN: "\n".join(explain_lines), **rdma_ann},
             subdomain=svc_name,
             image=image,
             command=cmd.command,
             args=cmd.args,
-            env=_merge_env(bootstrap_env, shared_env),
+            env=_merge_env(bootstrap_env, nv_env, shared_env),
             ports=cmd.ports,
             gpus=gpus_per_pod,
             serves_http=cmd.serves_http,
@@ -264,12 +303,21 @@ def render_group(
             gpu_resource=node.resource,
             volumes=(*pods.volumes, *cmd.volumes),
             volume_mounts=(*pods.volume_mounts, *cmd.volume_mounts),
+            extra_resources=rdma_res,
+            capabilities_add=rdma_caps,
         )
         out_pods.append(pod)
     svc = headless_service(name=svc_name, namespace=ns, owner=owner_ref, labels=group_labels,
                            selector={"meshplan.dev/deployment": name, LABEL_REPLICA: str(replica.index)},
                            ports=sorted(all_ports.items(), key=lambda x: x[1]))
-    explain = tuple(dict.fromkeys((*nccl.explain, *commands[0].explain)))
+    tp = candidate.layout.tp
+    if tp > 1 and any(tp > d.total_gpus for d in (topology.domain(n) for n in replica.domains)):
+        # only a pinned spec.parallelism.tensor gets here (the planner never proposes it): rendered, warned
+        group_why.append(Explanation("spec.parallelism.tensor", str(tp),
+                                     f"TP{tp} crosses NVLink domains ({', '.join(replica.domains)}): its all-reduces "
+                                     f"run over {gt.rdma_fabric or 'the network'}, much slower than NVLink",
+                                     "meshplan.topology tiers", "warning"))
+    explain = tuple(dict.fromkeys((*nccl.explain, *group_why, *commands[0].explain)))
     return RenderedGroup(replica.index, svc, tuple(out_pods), cd_obj, explain)
 
 

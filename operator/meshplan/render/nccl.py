@@ -29,6 +29,20 @@ environment-variable documentation, docs.nvidia.com/deeplearning/nccl/user-guide
   - `nvlink`: the user asserts that every byte stays on (multi-node) NVLink; no
     NIC variables. Warned when the group spans nodes outside one clique.
   - `auto`: no transport variables; NCCL probes IB verbs, then sockets.
+- RDMA only where the pod can use it (issue 15 finding "NCCL is told to use
+  InfiniBand while no RDMA device is requested"): a group that crosses the NIC on
+  nodes of one RDMA network block requests the block's RDMA resource
+  (`GroupTopology.rdma_fabric`, see `rdma_request`); then `auto` takes the block's
+  fabric (ib -> infiniband, roce, efa) and the variables above are set. When no
+  RDMA resource is requested, an explicit `infiniband`/`roce`/`efa` sets no IB
+  variable (the pod sees no verbs device; forcing IB would make NCCL fail or fall
+  back silently) and the explanation warns.
+- NVSHMEM for DeepEP (`nvshmem_env`): an engine rendered with a DeepEP all-to-all
+  backend over ib/roce gets `NVSHMEM_IB_ENABLE_IBGDA=1` (GPU-initiated RDMA, which
+  DeepEP's internode and low-latency kernels use: DeepEP docs "NVSHMEM
+  installation", NVSHMEM env docs), `NVSHMEM_HCA_LIST` from `spec.nccl.ibHca`, and
+  on RoCE `NVSHMEM_IB_GID_INDEX=3` (the same RoCE v2 convention as NCCL). EFA:
+  none (DeepEP's IBGDA needs Mellanox/NVIDIA mlx5 NICs), with a warning.
 - `NCCL_SOCKET_IFNAME` / `GLOO_SOCKET_IFNAME` from `spec.nccl.socketIfname` for
   bootstrap (and torch's CPU process groups that vLLM and SGLang use).
 - The seeds' tips (`NCCL_ALGO=Tree`, `NCCL_NET_GDR_LEVEL=3`, `NCCL_IB_TIMEOUT=23`,
@@ -61,6 +75,16 @@ class GroupTopology:
     nvlink: bool                     # GPUs are NVLink-connected inside a domain
     multi_node_nvlink: bool          # the group spans nodes of one NVLink clique (MNNVL)
     spans_domains: bool = False      # stages sit in different NVLink domains (traffic over the NIC)
+    rdma_fabric: str = ""            # "ib" | "roce" | "efa" when the pods request the block's RDMA resource
+    rdma_resource: str = ""          # that resource (named in explanations)
+
+
+# spec.nccl.transport each RDMA fabric means
+FABRIC_TRANSPORT = {"ib": "infiniband", "roce": "roce", "efa": "efa"}
+_SRC_RDMA = ("k8s-rdma-shared-dev-plugin README (github.com/Mellanox/k8s-rdma-shared-dev-plugin); NVIDIA network "
+             "operator docs (RDMA pods: IPC_LOCK); aws-efa-k8s-device-plugin README")
+_SRC_NVSHMEM = ("NVSHMEM environment variables (docs.nvidia.com/nvshmem/api/gen/env.html); DeepEP docs/legacy.md "
+                "(NVSHMEM, InfiniBand/RoCE)")
 
 
 @dataclass(frozen=True)
@@ -117,8 +141,22 @@ def nccl_env(
         put("NCCL_SOCKET_IFNAME", socket_ifname, "bootstrap/TCP interfaces from spec.nccl.socketIfname", _SRC_NCCL)
         put("GLOO_SOCKET_IFNAME", socket_ifname, "torch CPU process groups (vLLM/SGLang) on the same interfaces",
             "PyTorch distributed docs")
+    if crosses_nic and transport == "auto" and group.rdma_fabric:
+        transport = FABRIC_TRANSPORT[group.rdma_fabric]
+        notes.append(Explanation("spec.nccl.transport", f"auto -> {transport}",
+                                 f"the group's nodes form one {group.rdma_fabric} network block and the pods request "
+                                 f"{group.rdma_resource}", _SRC_RDMA))
+    elif crosses_nic and transport in ("infiniband", "roce", "efa") and not group.rdma_fabric:
+        notes.append(Explanation("spec.nccl.transport", transport,
+                                 f"transport {transport} but the nodes advertise no RDMA resource (chart value "
+                                 "network.rdmaResources), so none is requested and the pod sees no verbs device: "
+                                 "IB/EFA variables are not forced; NCCL probes and falls back to sockets", _SRC_RDMA,
+                                 "warning"))
+        transport = "auto-unforced"
     if crosses_nic:
-        if transport in ("infiniband", "roce"):
+        if transport == "auto-unforced":
+            pass
+        elif transport in ("infiniband", "roce"):
             put("NCCL_IB_DISABLE", "0", f"spec.nccl.transport={transport}: use IB verbs between nodes", _SRC_NCCL)
             if ib_hca:
                 put("NCCL_IB_HCA", ib_hca, "adapters from spec.nccl.ibHca", _SRC_NCCL)
@@ -162,3 +200,50 @@ def nccl_env(
             explain.append(Explanation(f"env {name}", str(u.get("value", "(from a Secret)")), "from spec.nccl.env"))
     explain.extend(notes)
     return NcclResult(env=tuple(env), explain=tuple(explain), needs_compute_domain=needs_cd)
+
+
+def nvshmem_env(group: GroupTopology, args: Sequence[str], *, ib_hca: str | None = None,
+                user_env: Sequence[Mapping[str, Any]] = ()) -> tuple[list[dict[str, Any]], list[Explanation]]:
+    """NVSHMEM variables for an engine that runs DeepEP across nodes (see the module doc): ([EnvVar], [why])."""
+    if not any("deepep" in str(a).lower() for a in args) or group.nodes <= 1 or group.multi_node_nvlink:
+        return [], []
+    user = {e.get("name") for e in user_env}
+    out: list[dict[str, Any]] = []
+    why: list[Explanation] = []
+    if group.rdma_fabric == "efa":
+        return [], [Explanation("env NVSHMEM_IB_ENABLE_IBGDA", "(not set)",
+                                "DeepEP's GPU-initiated RDMA (IBGDA) needs mlx5 NICs; on EFA pick another "
+                                "all-to-all backend", _SRC_NVSHMEM, "warning")]
+    if group.rdma_fabric not in ("ib", "roce"):
+        return [], [Explanation("env NVSHMEM_IB_ENABLE_IBGDA", "(not set)",
+                                "DeepEP across nodes needs RDMA, and the pods request no RDMA resource",
+                                _SRC_NVSHMEM, "warning")]
+    want = [("NVSHMEM_IB_ENABLE_IBGDA", "1", "DeepEP's internode and low-latency kernels use GPU-initiated RDMA")]
+    if ib_hca:
+        want.append(("NVSHMEM_HCA_LIST", ib_hca, "the same adapters as NCCL (spec.nccl.ibHca)"))
+    if group.rdma_fabric == "roce":
+        want.append(("NVSHMEM_IB_GID_INDEX", "3", "RoCE v2 over IPv4 is conventionally GID index 3 (as NCCL)"))
+    for name, value, reason in want:
+        if name in user:
+            why.append(Explanation(f"env {name}", "(spec.nccl.env)", f"spec.nccl.env overrides {value!r} ({reason})",
+                                   _SRC_NVSHMEM, "warning"))
+            continue
+        out.append({"name": name, "value": value})
+        why.append(Explanation(f"env {name}", value, reason, _SRC_NVSHMEM))
+    return out, why
+
+
+def rdma_request(resource: str, per_node: int, gpus_per_pod: int, gpus_per_node: int) -> int:
+    """How many of the node's RDMA resource one pod requests.
+
+    - `rdma/*` (RDMA shared device plugin): 1. The plugin advertises `rdmaHcaMax` shares of ONE pool of
+      HCAs; one share gives the pod every device of the pool (plugin README).
+    - anything else (`nvidia.com/hostdev` VFs/PFs, `vpc.amazonaws.com/efa` interfaces) is exclusive: the
+      pod's share of the node's devices by GPUs (8 GPUs of 8 with 8 NICs -> 8; 4 of 8 -> 4), at least 1.
+    """
+    if resource.startswith("rdma/"):
+        return 1
+    if gpus_per_node <= 0:
+        return max(1, per_node)
+    return max(1, per_node * gpus_per_pod // gpus_per_node)
+

@@ -7,7 +7,7 @@ Pure: the topology is given (from `meshplan.topology`), nothing is read.
 Steps
 1. Restrict the topology to `spec.gpus.nodeSelector`.
 2. Plan on that topology's free GPUs (`planner.plan_for_spec` with
-   `Topology.to_fleet()`), unless a plan is passed in (the controller re-plans
+   `Topology`), unless a plan is passed in (the controller re-plans
    only when inputs that matter change).
 3. Place as many replicas of the chosen layout as the operator applies
    (`desired_replicas`: spec.replicas / autoscaling, the controller's own rule)
@@ -115,7 +115,7 @@ def plan_place_render(
     if plan is None:
         from meshplan.planner import plan_for_spec
 
-        plan = plan_for_spec(spec, topo.to_fleet(f"of nodes matching {selector}" if selector else ""))
+        plan = plan_for_spec(spec, topo.named(f"of nodes matching {selector}" if selector else ""))
     choice = plan.choice
     if choice is None:
         return PipelineResult(plan)

@@ -141,6 +141,8 @@ def engine_pod(
     gpu_resource: str = GPU_RESOURCE,
     volumes: Sequence[Mapping[str, Any]] = (),
     volume_mounts: Sequence[Mapping[str, Any]] = (),
+    extra_resources: Mapping[str, int] | None = None,
+    capabilities_add: Sequence[str] = (),
 ) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "engine",
@@ -183,6 +185,12 @@ def engine_pod(
         spec["nodeSelector"] = dict(node_selector)
     if service_account:
         spec["serviceAccountName"] = service_account
+    if extra_resources:
+        # e.g. the RDMA resource of a multi-node group (render.nccl.rdma_request): extended resources are
+        # limits only (their request defaults to the limit), as for the GPUs
+        container["resources"]["limits"].update({k: str(v) for k, v in extra_resources.items()})
+    if capabilities_add:
+        container["securityContext"]["capabilities"] = {"add": list(capabilities_add)}
     if gated:
         spec["schedulingGates"] = [{"name": GANG_GATE}]
     if compute_domain_claim_template:
