@@ -167,6 +167,12 @@ class EngineCommand:
     serves_http: bool
     ports: tuple[tuple[str, int], ...]
     explain: tuple[Explanation, ...] = field(default=())
+    # Engines configured by environment (NVIDIA NIM): (name, value) pairs the pod's container gets;
+    # the renderer puts them under the user's spec.engine.env (which wins by name).
+    env: tuple[tuple[str, str], ...] = ()
+    # What the pod's startup/readiness probes GET (NIM: /v1/health/ready) and its liveness probe ("": the same).
+    health_path: str = HEALTH_PATH
+    live_path: str = ""
 
 
 class RenderError(ValueError):
