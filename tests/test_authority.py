@@ -8,12 +8,14 @@ real kube-apiserver, which must refuse them with the field named (CEL of the gen
 from __future__ import annotations
 
 import copy
+import re
 
 import pydantic
 import pytest
 
 from meshplan.api.extra_args import extra_args_problems, option_index, owned_options
 from meshplan.api.models import (
+    PLAN_OWNED_FLAG_RE,
     PLAN_OWNED_FLAGS,
     RESERVED_FLAG_NAMES,
     LLMDeployment,
@@ -107,11 +109,14 @@ def test_prefix_rule_twin_refuses_every_strict_prefix_of_plan_owned_flags():
     for name in ("--tensor-parallel-size", "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype"):
         for cut in range(3, len(name)):
             prefix = name[:cut]
-            if prefix in ("--tp", "--pp", "--dp", "--ep"):
-                continue   # PLAN_OWNED_FLAGS spellings: the exact plan-owned rule judges them
+            if prefix in ("--tp", "--pp", "--dp", "--ep", "--tensor-parallel"):
+                # PLAN_OWNED_FLAGS spellings (DeepSpeed-MII's --tensor-parallel): the exact plan-owned rule
+                # judges them
+                continue
             assert reserved_flag_misuse(prefix + "=8"), prefix
     assert not reserved_flag_misuse("--max-model-len")
     assert not reserved_flag_misuse("--tensor-parallel-size")   # exact: the plan-owned rule decides
+    assert re.match(PLAN_OWNED_FLAG_RE, "--tensor-parallel=8")  # ...and refuses MII's --tensor-parallel
 
 
 @pytest.mark.parametrize("engine,args,expect", [

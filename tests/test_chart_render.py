@@ -338,7 +338,17 @@ def test_engine_podmonitor_labels_what_the_autoscaler_queries():
     assert not by_kind(render(), "PodMonitor")
     docs = render({"engineMetrics": {"podMonitor": {"enabled": True}},
                    "watch": {"allNamespaces": False, "namespaces": ["team-a"]}})
-    pm = one(docs, "PodMonitor")
+    monitors = {d["metadata"]["name"]: d for d in by_kind(docs, "PodMonitor")}
+    assert set(monitors) == {"rel-meshplan-engines", "rel-meshplan-engines-nim"}
+    pm = monitors["rel-meshplan-engines"]
+    # NVIDIA NIM serves /v1/metrics (its own PodMonitor); DeepSpeed-MII exports no metrics: neither is
+    # scraped at /metrics
+    assert {"key": "app.kubernetes.io/name", "operator": "NotIn", "values": ["nim", "deepspeed"]} in \
+        pm["spec"]["selector"]["matchExpressions"]
+    nim = monitors["rel-meshplan-engines-nim"]
+    assert nim["spec"]["podMetricsEndpoints"][0]["path"] == "/v1/metrics"
+    nim_leader = {**base_labels("llama", "nim"), LABEL_ROLE: "leader"}
+    assert all(nim_leader.get(k) == v for k, v in nim["spec"]["selector"]["matchLabels"].items())
     assert pm["apiVersion"] == "monitoring.coreos.com/v1"
     assert pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
     # the selector matches a leader pod as the renderer labels it
@@ -350,8 +360,8 @@ def test_engine_podmonitor_labels_what_the_autoscaler_queries():
     pod_label_meta = "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", LABEL_DEPLOYMENT)
     assert targets[DEFAULT_DEPLOYMENT_LABEL] == pod_label_meta
     assert targets[DEFAULT_NAMESPACE_LABEL] == "__meta_kubernetes_namespace"
-    cluster_wide = one(render({"engineMetrics": {"podMonitor": {"enabled": True}}}), "PodMonitor")
-    assert cluster_wide["spec"]["namespaceSelector"] == {"any": True}
+    for cluster_wide in by_kind(render({"engineMetrics": {"podMonitor": {"enabled": True}}}), "PodMonitor"):
+        assert cluster_wide["spec"]["namespaceSelector"] == {"any": True}
 
 
 # ---- pre-delete hook ---------------------------------------------------------------------------

@@ -34,9 +34,20 @@ FLEETS = sorted((ROOT / "operator" / "meshplan" / "fleets").glob("*.yaml"))
 TOPOLOGIES = {f.stem: build_topology(fleet_nodes(load_fleet(str(f))), [], ready_if_unknown=True) for f in FLEETS}
 
 
+# Engines meshplan pins no image for (spec.engine.image required) and which run only part of the layouts:
+# an example may fit no fleet with them (e.g. DeepSeek-R1 needs expert parallelism or several nodes).
+NO_IMAGE = {"nim": "nvcr.io/nim/meta/llama-3.1-8b-instruct:1.8.0",
+            "deepspeed": "registry.example.com/deepspeed-mii:0.3.3"}
+
+
 def _deployment(path: Path, engine: str) -> LLMDeployment:
     m = yaml.safe_load(path.read_text())
-    m["spec"].setdefault("engine", {})["kind"] = engine
+    own = m["spec"].setdefault("engine", {}).get("kind", "vllm")
+    m["spec"]["engine"]["kind"] = engine
+    if engine in NO_IMAGE and own != engine:
+        # engines without a pinned image; another engine's extraArgs are not theirs (NIM takes none)
+        m["spec"]["engine"]["image"] = NO_IMAGE[engine]
+        m["spec"]["engine"].pop("extraArgs", None)
     m["spec"].setdefault("gpus", {}).pop("products", None)
     return LLMDeployment.from_manifest(m)
 
@@ -46,12 +57,15 @@ def _narrow(spec):
     p = spec.parallelism
     return dataclasses.replace(
         space,
-        chunk_sizes=space.chunk_sizes if pinned(p.chunk_size) else (256, 2048),
-        max_num_seqs=space.max_num_seqs if pinned(p.max_num_seqs) else (1, 16, 512))
+        # pinned, or fixed by the engine (DeepSpeed-MII: planner.plan_inputs_from_spec): one value, kept
+        chunk_sizes=space.chunk_sizes if pinned(p.chunk_size) or len(space.chunk_sizes) == 1 else (256, 2048),
+        max_num_seqs=space.max_num_seqs if pinned(p.max_num_seqs) or len(space.max_num_seqs) == 1
+        else (1, 16, 512))
 
 
 def test_the_sweep_covers_every_example_engine_and_fleet():
-    assert len(EXAMPLES) >= 5 and len(FLEETS) >= 3 and set(ENGINES) == {"vllm", "sglang", "trtllm"}
+    assert len(EXAMPLES) >= 5 and len(FLEETS) >= 3 and \
+        set(ENGINES) == {"vllm", "sglang", "trtllm", "nim", "deepspeed"}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -79,13 +93,28 @@ def test_every_frontier_point_renders_for_its_engine(path, engine):
                 continue
             assert res.rendered is not None and res.rendered.groups, (fleet, point.layout)
             leader = res.rendered.groups[0].pods[0]["spec"]["containers"][0]
-            assert leader["command"] or leader["args"]
+            if engine == "nim":   # configured by environment; the image's entrypoint starts it
+                assert "command" not in leader and any(e["name"] == "NIM_TENSOR_PARALLEL_SIZE" for e in leader["env"])
+            else:
+                assert leader["command"] or leader["args"]
             rendered += 1
     assert not failures, "planned layouts the renderer refuses:\n" + "\n".join(failures)
     if engine == "trtllm" and reasons and all("reads weight quantization from the checkpoint" in r for r in reasons):
         return   # pinned weights the checkpoint does not ship: the search refuses them with TensorRT-LLM's reason
+    if engine in NO_IMAGE and not fitted:
+        return    # every fleet said why (asserted above); the engine's own examples must fit (below)
     assert fitted, f"{path.name} as {engine} fits none of {sorted(TOPOLOGIES)}"
     assert rendered > 0
+
+
+@pytest.mark.parametrize("engine", sorted(NO_IMAGE))
+def test_the_new_engines_examples_fit_and_render(engine):
+    path = ROOT / "examples" / f"llama-3.1-8b-{engine}.yaml"
+    llmd = _deployment(path, engine)
+    plan = plan_for_spec(llmd.spec, TOPOLOGIES["hgx-h100"])
+    assert plan.choice is not None, plan.reason
+    res = plan_place_render(llmd, TOPOLOGIES["hgx-h100"], plan=plan)
+    assert res.rendered is not None and res.rendered.groups
 
 
 @pytest.mark.parametrize("example,engine,fleet,patch", [

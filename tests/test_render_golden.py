@@ -42,8 +42,20 @@ SCENARIOS = {
 }
 
 
+# The engines that run only part of the layouts above (no EP: NIM, DeepSpeed-MII; no PP, one pod per replica,
+# 16-bit only): Llama-3.1-8B TP2 x 2 replicas on one HGX H100 node, at DeepSpeed-MII's fixed step budget and
+# batch limit (768 / 512). Neither engine has an image meshplan pins: the scenario names one.
+NEW_ENGINE_SCENARIOS = {
+    "hgx-h100-tp2": (hgx_h100(1), 8, "NVIDIA-H100-80GB-HBM3", Layout(tp=2, dp=2), "bf16", "bf16", 768, 512,
+                     "meta-llama/Llama-3.1-8B-Instruct", "bf16", NetworkOptions(transport="tcp")),
+}
+NEW_ENGINE_IMAGES = {"nim": "nvcr.io/nim/meta/llama-3.1-8b-instruct:1.8.0",
+                     "deepspeed": "registry.example.com/serving/deepspeed-mii:0.3.3"}
+
+
 def render_scenario(engine: str, fleet: str) -> list[dict]:
-    nodes, per_node, product, layout, wd, kvd, chunk, seqs, model, ckpt, network = SCENARIOS[fleet]
+    scenario = SCENARIOS.get(fleet) or NEW_ENGINE_SCENARIOS[fleet]
+    nodes, per_node, product, layout, wd, kvd, chunk, seqs, model, ckpt, network = scenario
     topo = build_topology(nodes)
     placement = place(request_for_layout(layout, per_node, product=product), topo)
     assert placement.ok, placement.message()
@@ -51,7 +63,7 @@ def render_scenario(engine: str, fleet: str) -> list[dict]:
                      memory=_MEM, prediction=_PRED, engine=engine)
     serving = ServingOptions(engine=engine, model=model, served_name=model.split("/")[-1].lower(),
                              checkpoint_dtype=ckpt)
-    pods = PodOptions(weights_secret=("hf-token", "token"))
+    pods = PodOptions(weights_secret=("hf-token", "token"), image=NEW_ENGINE_IMAGES.get(engine))
     out = render_deployment(Owner("llm", "serving", "0b9e4c1a-5f6d-4e1a-9c1b-1234567890ab"), cand, placement,
                             topo, serving, network, pods)
     return out.objects
@@ -61,3 +73,22 @@ def render_scenario(engine: str, fleet: str) -> list[dict]:
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
 def test_golden(engine: str, fleet: str) -> None:
     check_golden(render_scenario(engine, fleet), GOLDEN / f"{engine}-{fleet}.yaml", __file__)
+
+
+@pytest.mark.parametrize("fleet", sorted(NEW_ENGINE_SCENARIOS))
+@pytest.mark.parametrize("engine", sorted(NEW_ENGINE_IMAGES))
+def test_golden_new_engines(engine: str, fleet: str) -> None:
+    check_golden(render_scenario(engine, fleet), GOLDEN / f"{engine}-{fleet}.yaml", __file__)
+
+
+@pytest.mark.parametrize("fleet", sorted(SCENARIOS))
+@pytest.mark.parametrize("engine", sorted(NEW_ENGINE_IMAGES))
+def test_new_engines_refuse_the_layouts_they_cannot_run(engine: str, fleet: str) -> None:
+    # TP8 x PP2 over two pods, TP4 x EP4 over four pods, FP8 KV / FP8 weights, DeepSpeed-MII's fixed batch
+    # limits: each refused with the reason
+    from meshplan.render import RenderError
+
+    with pytest.raises((RenderError, ValueError)) as err:
+        render_scenario(engine, fleet)
+    assert any(w in str(err.value) for w in ("expert parallelism", "pipeline", "pods", "KV", "weights",
+                                          "no option for the step token budget")), err.value

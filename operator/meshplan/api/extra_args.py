@@ -31,16 +31,22 @@ import re
 from typing import Iterable, Sequence
 
 from meshplan.catalog import engine_options as option_names
+from meshplan.catalog import engine_options_deepspeed as deepspeed_options
 
-ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "deepspeed": "DeepSpeed-MII",
+                 "nim": "NVIDIA NIM"}
 _TABLES = {"vllm": option_names.VLLM_OPTIONS, "sglang": option_names.SGLANG_OPTIONS,
-           "trtllm": option_names.TRTLLM_OPTIONS}
+           "trtllm": option_names.TRTLLM_OPTIONS, "deepspeed": deepspeed_options.DEEPSPEED_OPTIONS}
+_VERSIONS = {**option_names.VERSIONS, "deepspeed": deepspeed_options.VERSION}
+# Engines without a command line: NIM for LLMs is configured by environment variables only.
+_NO_ARGS = {"nim": "NVIDIA NIM for LLMs is configured by environment variables, not a command line: set them in "
+                   "spec.engine.env (e.g. NIM_MODEL_PROFILE)"}
 # Engines whose parser turns `_` into `-` in long option names (see module doc).
 _DASHES_FOR_UNDERSCORES = {"vllm"}
 
 # Options whose value is a secret (vLLM 0.12.0 FrontendArgs.api_key and ModelConfig hf_token;
-# SGLang 0.5.5 ServerArgs.api_key): never inline in extraArgs.
-SECRET_OPTIONS = frozenset({"api-key", "hf-token"})
+# SGLang 0.5.5 ServerArgs.api_key; DeepSpeed-MII 0.3.3 openai_api_server --api-keys): never inline in extraArgs.
+SECRET_OPTIONS = frozenset({"api-key", "hf-token", "api-keys"})
 # Names the operator sets from spec.model.servedName (immutable) on every engine that has it.
 OPERATOR_OWNED = frozenset({"served-model-name"})
 # Credential formats: OpenAI keys (`sk-`, `sk-proj-`), Hugging Face user access tokens (`hf_`).
@@ -103,9 +109,11 @@ def _flag_positions(args: Sequence[str]) -> Iterable[tuple[int, str]]:
 def extra_args_problems(engine: str, args: Sequence[str], allow_plan_override: bool = False,
                         field: str = "spec.engine.extraArgs") -> list[str]:
     """Problems of `args` for `engine`, each naming the entry, why, and the fix (empty when sound)."""
+    if engine in _NO_ARGS:
+        return [f"{field}: {_NO_ARGS[engine]}"] if args else []
     if engine not in _TABLES:
         return []
-    label = f"{ENGINE_LABELS[engine]} {option_names.VERSIONS[engine]}"
+    label = f"{ENGINE_LABELS[engine]} {_VERSIONS[engine]}"
     index = option_index(engine)
     owned = owned_options(engine)
     problems: list[str] = []

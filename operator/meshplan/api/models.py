@@ -73,7 +73,7 @@ SHORT_NAMES = ("llmd",)
 
 Dtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "fp4"]
 DtypeOrAuto = Literal["auto", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
-EngineKind = Literal["vllm", "sglang", "trtllm"]
+EngineKind = Literal["vllm", "sglang", "trtllm", "nim", "deepspeed"]
 Objective = Literal["maxThroughput", "bestInteractivity", "balanced", "minCostWithinSLO"]
 # Not on/off: YAML 1.1 (PyYAML, and kubectl's sigs.k8s.io/yaml) reads unquoted
 # on/off as booleans, so `cudaGraphs: off` would arrive as false and be refused.
@@ -105,6 +105,7 @@ PLAN_OWNED_FLAGS: tuple[str, ...] = (
     "max-num-seqs", "max-num-batched-tokens", "max-running-requests", "chunked-prefill-size",
     "max-batch-size", "max-num-tokens",
     "kv-cache-dtype",
+    "tensor-parallel", "replica-num",   # DeepSpeed-MII 0.3.3 mii/entrypoints/openai_api_server.py
 )
 PLAN_OWNED_SHORT_FLAGS: tuple[str, ...] = ("tp", "pp", "dp", "ep")  # vLLM single-dash aliases
 
@@ -872,7 +873,9 @@ class EngineSpec(ApiModel):
 
     kind: EngineKind = Field(
         default="vllm",
-        description="Engine: vllm, sglang or trtllm (trtllm-serve, PyTorch backend). Immutable: metrics, "
+        description="Engine: vllm, sglang, trtllm (trtllm-serve, PyTorch backend), nim (NVIDIA NIM for LLMs 1.8, "
+        "configured by environment; needs spec.engine.image) or deepspeed (DeepSpeed-MII 0.3.3 OpenAI server; needs "
+        "spec.engine.image). Immutable: metrics, "
         "bootstrap and API details differ between engines; switch by deploying a new LLMDeployment beside this one.",
         json_schema_extra={
             "x-kubernetes-validations": [
@@ -944,6 +947,14 @@ class EngineSpec(ApiModel):
             ".extraArgs",
             lambda e: not any(reserved_flag_misuse(a) for a in e.extra_args),
             "FieldValueForbidden",
+        ),
+        Rule(
+            "(self.kind != 'nim' && self.kind != 'deepspeed') || has(self.image)",
+            "spec.engine.image is required for engine nim (NIM containers are per model, e.g. "
+            "nvcr.io/nim/meta/llama-3.1-8b-instruct:1.8.0) and deepspeed (DeepSpeed-MII publishes no image)",
+            ".image",
+            lambda e: e.kind not in ("nim", "deepspeed") or e.image is not None,
+            "FieldValueRequired",
         ),
     )
 

@@ -30,6 +30,10 @@ DEFAULT_ALLOWED_IMAGES: dict[str, tuple[str, ...]] = {
     "vllm": ("vllm/vllm-openai", "docker.io/vllm/vllm-openai"),
     "sglang": ("lmsysorg/sglang", "docker.io/lmsysorg/sglang"),
     "trtllm": ("nvcr.io/nvidia/tensorrt-llm/release",),
+    # NIM containers are per model under nvcr.io/nim/<org>/<model> (meshplan pins none: spec.engine.image
+    # is required for nim); DeepSpeed-MII publishes no image, so none is allowed until the admin names one.
+    "nim": ("nvcr.io/nim/*",),
+    "deepspeed": (),
 }
 POLICY_ENV = "MESHPLAN_ENGINE_POLICY"
 _TAG_RE = re.compile(r":[^/]+$")
@@ -57,7 +61,7 @@ class EnginePolicy:
         parsed: dict[str, tuple[str, ...]] = {}
         for kind, patterns in images.items():
             if kind not in DEFAULT_ALLOWED_IMAGES:
-                raise ValueError(f"enginePolicy.allowedImages.{kind}: not an engine kind (vllm, sglang, trtllm)")
+                raise ValueError(f"enginePolicy.allowedImages.{kind}: not an engine kind ({', '.join(DEFAULT_ALLOWED_IMAGES)})")
             if isinstance(patterns, str) or not all(isinstance(p, str) and p for p in patterns or ()):
                 raise ValueError(f"enginePolicy.allowedImages.{kind} must be a list of non-empty strings")
             parsed[kind] = tuple(patterns or ())

@@ -281,6 +281,25 @@ ENGINE_METRICS: dict[Engine, EngineMetricNames] = {
         kv_usage_gauges=("trtllm_kv_cache_utilization",),
         source="NVIDIA/TensorRT-LLM tensorrt_llm/metrics/collector.py; ai-dynamo/dynamo backends/trtllm/prometheus.md",
     ),
+    "nim": EngineMetricNames(
+        # NIM for LLMs serves these unprefixed names on /v1/metrics (docs.nvidia.com/nim/large-language-models
+        # "Observability for NVIDIA NIM for LLMs", 1.x metrics table). No request counter is listed: the
+        # end-to-end latency histogram's count counts finished requests.
+        ttft_histograms=("time_to_first_token_seconds",),
+        itl_histograms=("time_per_output_token_seconds",),
+        requests_counters=("e2e_request_latency_seconds_count",),
+        queue_gauges=("num_requests_waiting",),
+        running_gauges=("num_requests_running",),
+        kv_usage_gauges=("gpu_cache_usage_perc",),
+        source="docs.nvidia.com/nim/large-language-models Observability (metrics table, /v1/metrics)",
+    ),
+}
+# Engines that export no metrics: the autoscaler reports why (ScalingActive) unless every signal is named in
+# spec.autoscaling.metrics (the deployment's own exporter).
+ENGINES_WITHOUT_METRICS: dict[str, str] = {
+    "deepspeed": ("DeepSpeed-MII 0.3.3 exports no Prometheus metrics (mii/entrypoints/openai_api_server.py has no "
+                  "/metrics route): name the TTFT and ITL histograms, request counter and queue and running gauges "
+                  "of your own exporter in spec.autoscaling.metrics, or disable autoscaling"),
 }
 
 
@@ -393,11 +412,19 @@ def build_queries(
 ) -> QuerySet:
     """All queries for one deployment. `matchers` normally come from `scope_matchers`."""
     validate_label_name(pod_label, "metrics.podLabel")
-    if engine not in ENGINE_METRICS:
+    if engine in ENGINES_WITHOUT_METRICS:
+        o = overrides or MetricOverrides()
+        named = (o.ttft_histogram, o.itl_histogram, o.requests_counter, o.queue_gauge, o.running_gauge)
+        if not all(named):
+            raise QueryInputError("spec.engine.kind", ENGINES_WITHOUT_METRICS[engine])
+        base = EngineMetricNames(ttft_histograms=(str(o.ttft_histogram),), itl_histograms=(str(o.itl_histogram),),
+                                 requests_counters=(str(o.requests_counter),), queue_gauges=(str(o.queue_gauge),),
+                                 running_gauges=(str(o.running_gauge),), source="spec.autoscaling.metrics")
+    elif engine not in ENGINE_METRICS:
         raise QueryInputError("spec.engine", f"{engine!r} is not one of {', '.join(ENGINE_METRICS)}")
     if not matchers:
         raise QueryInputError("metrics.labels", "queries must be scoped by at least one label matcher")
-    names = ENGINE_METRICS[engine]
+    names = base if engine in ENGINES_WITHOUT_METRICS else ENGINE_METRICS[engine]
     if overrides is not None:
         names = overrides.apply(names)
         matchers = (*matchers, *overrides.labels)

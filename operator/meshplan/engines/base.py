@@ -171,6 +171,12 @@ class EngineCommand:
     explain: tuple[Explanation, ...] = field(default=())
     volumes: tuple[dict[str, Any], ...] = ()         # pod volumes the command needs (TRT-LLM: the ssh Secret)
     volume_mounts: tuple[dict[str, Any], ...] = ()
+    # Engines configured by environment (NVIDIA NIM): (name, value) pairs the pod's container gets;
+    # the renderer puts them under the user's spec.engine.env (which wins by name).
+    env: tuple[tuple[str, str], ...] = ()
+    # What the pod's startup/readiness probes GET (NIM: /v1/health/ready) and its liveness probe ("": the same).
+    health_path: str = HEALTH_PATH
+    live_path: str = ""
 
 
 class RenderError(ValueError):

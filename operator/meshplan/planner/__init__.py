@@ -122,6 +122,12 @@ def plan(
     if params_warning:  # architecture.totalParams disagrees with the dimensions
         extra["warnings"] = [params_warning]
         extra.setdefault("notes", []).append(f"warning: {params_warning}")
+    from meshplan import engines as _engines
+
+    priced = getattr(_engines.MODULES.get(engine), "PRICED_AS_REASON", "")
+    if priced:   # NIM, DeepSpeed-MII: no calibration of their own (engines.<kind>.PRICED_AS)
+        extra.setdefault("warnings", []).append(priced)
+        extra.setdefault("notes", []).append(f"warning: {priced}")
     for g in specs:
         sub = fleet.for_gpu(g.name) if fleet is not None else None
         budget = max_gpus
@@ -152,7 +158,11 @@ def plan(
     reason = chosen.reason
     c = chosen.choice
     if c is not None and space.max_num_seqs_pinned and c.max_num_seqs > c.memory.max_concurrency:
-        kept = (f"spec.parallelism.maxNumSeqs {c.max_num_seqs} is pinned and kept, although the KV cache of "
+        fixed = getattr(_engines.MODULES.get(engine), "FIXED_KNOBS", None)
+        what = (f"{_engines.title(engine)}'s batch limit {c.max_num_seqs} (it has no option for it) is planned"
+                if fixed and c.max_num_seqs == fixed[1] else
+                f"spec.parallelism.maxNumSeqs {c.max_num_seqs} is pinned and kept")
+        kept = (f"{what}, although the KV cache of "
                 f"{c.layout.label()} holds {c.memory.max_concurrency:,} sequences of {workload.context:,} tokens "
                 f"per replica: the engine queues (or preempts) the rest, and the prediction includes it")
         reason = f"{reason}. {kept}"
@@ -368,6 +378,11 @@ def plan_inputs_from_spec(spec: Any) -> dict[str, Any]:
         slo = SLO(ttft_ms=spec.slo.ttft_ms, itl_ms=spec.slo.itl_ms, percentile=spec.slo.percentile,
                   min_tokens_per_s_per_user=spec.slo.min_tokens_per_second_per_user)
     chunk, seqs = pinned(p.chunk_size), pinned(p.max_num_seqs)
+    from meshplan import engines as _engines
+
+    fixed = getattr(_engines.MODULES.get(spec.engine.kind), "FIXED_KNOBS", None)
+    if fixed:   # an engine without options for them (DeepSpeed-MII) is planned at the values it runs
+        chunk, seqs = chunk or fixed[0], seqs or fixed[1]
     space = SearchSpace(
         tensor=pinned(p.tensor), expert=pinned(p.expert), pipeline=pinned(p.pipeline),
         chunk_sizes=(chunk,) if chunk else SearchSpace().chunk_sizes,

@@ -314,6 +314,20 @@ def choose_precision(
     """
     if accuracy_floor not in PRECISION_RANK:
         raise ValueError(f"accuracy_floor must be one of {sorted(PRECISION_RANK)}, got {accuracy_floor!r}")
+    if engine is not None:
+        # Engines that cannot be told a weight or KV dtype (NVIDIA NIM: its profile decides; DeepSpeed-MII: 16-bit
+        # only; engines.<kind>.SUPPORTED_*_DTYPES) run the checkpoint's weights and a 16-bit KV cache.
+        from meshplan.engines import supported_dtypes   # lazy: the engine modules import meshplan.planner
+
+        weights_ok, kv_ok = supported_dtypes(engine)
+        if weights_ok is not None or kv_ok is not None:
+            w, k = choose_precision(model, gpu, gpus=gpus, accuracy_floor=accuracy_floor,
+                                    weights_share=weights_share)
+            if weights_ok is not None and w not in weights_ok:
+                w = model.native_dtype if model.checkpoint_fixed and model.native_dtype in WEIGHT_BYTES else "bf16"
+            if kv_ok is not None and k not in kv_ok:
+                k = "bf16"
+            return w, k
     n = gpus or gpu.nvlink_domain
     floor = PRECISION_RANK[accuracy_floor]
     kv = "fp8" if gpu.supports("fp8") and floor >= PRECISION_RANK["fp8"] else "bf16"

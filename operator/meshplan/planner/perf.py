@@ -122,7 +122,15 @@ PREFILL_FIRST_ENGINES = frozenset({"sglang"})
 BUDGET_FIRST_ENGINES = frozenset({"vllm"})
 
 
+def _priced_as(engine: str) -> str:
+    """NIM and DeepSpeed-MII are priced as vLLM (their modules' PRICED_AS say why)."""
+    from meshplan.engines import priced_as   # lazy: the engine modules import meshplan.planner
+
+    return priced_as(engine)
+
+
 def _wave(q: "PerfParams", engine: str) -> float:
+    engine = _priced_as(engine)
     if engine in PREFILL_FIRST_ENGINES:
         return q.wave_prefill_first
     if engine in BUDGET_FIRST_ENGINES:
@@ -136,8 +144,9 @@ def engine_defaults(engine: str, gpu: GpuSpec) -> tuple[int, int]:
     max_num_seqs 1024 (else 2048 / 256) — vllm/engine/arg_utils.py defaults.
     SGLang: chunked_prefill_size 8192 (16384 on > 160 GB GPUs), running requests
     bounded by the KV cache — sglang/srt/server_args.py. TensorRT-LLM
-    trtllm-serve: max_num_tokens 8192, max_batch_size 2048.
+    trtllm-serve: max_num_tokens 8192, max_batch_size 2048. NIM and DeepSpeed-MII: as vLLM (`_priced_as`).
     """
+    engine = _priced_as(engine)
     if engine == "trtllm":
         return 8192, 2048
     if engine == "sglang":

@@ -325,6 +325,9 @@ def search(
     refused = engines_mod.check_precision(engine, wd, kd, ckpt)
     if refused:
         return SearchResult((), (Rejected(Layout(), f"engine: {refused}"),), (), wd, kd, 0, tuple(notes))
+    refused = _dtype_refusal(engine, model, wd, kd) or _context_refusal(engine, workload.context)
+    if refused:   # a pinned dtype the engine cannot be told (NIM, DeepSpeed-MII): no layout can run
+        return SearchResult((), (Rejected(Layout(1), refused),), (), wd, kd, 0, tuple(notes))
     context = workload.context
     if space.tensor is not None and space.cross_domain != "never":
         dom = domain_gpus(gpu)
@@ -387,6 +390,34 @@ def search(
             rejected.append(Rejected(shape, f"engine: {knob_refusals[0]}"))
     return SearchResult(tuple(candidates), tuple(rejected), tuple(replace(s, dp=d) for s, d in shapes), wd, kd,
                         evaluated, tuple(notes))
+
+
+def _context_refusal(engine: str, context: int) -> str:
+    """Why `engine` cannot hold sequences of `context` tokens: the module's MAX_CONTEXT (DeepSpeed-MII 8192)."""
+    from meshplan import engines as _engines
+
+    limit = getattr(_engines.MODULES.get(engine), "MAX_CONTEXT", None)
+    if limit and context > limit:
+        return (f"{_engines.title(engine)} holds at most {limit} tokens per sequence (no option raises it); the "
+                f"workload needs {context}: lower spec.workload.maxContext or the token counts, or use another engine")
+    return ""
+
+
+def _dtype_refusal(engine: str, model: Any, wd: str, kd: str) -> str:
+    """Why `engine` cannot run weights `wd` / KV cache `kd` ("" when it can): the engine module's
+    SUPPORTED_WEIGHT_DTYPES / SUPPORTED_KV_DTYPES (the checkpoint's own dtype always loads)."""
+    from meshplan import engines as _engines   # lazy: the engine modules import meshplan.planner
+
+    weights_ok, kv_ok = _engines.supported_dtypes(engine)
+    title = _engines.title(engine)
+    if kv_ok is not None and kd not in kv_ok:
+        return (f"{title} cannot be told a {kd} KV cache (it runs {'/'.join(kv_ok)}): pin spec.precision.kvCache "
+                f"{kv_ok[0]} or use another engine")
+    native = getattr(model, "native_dtype", "bf16")
+    if weights_ok is not None and wd not in weights_ok and wd != native:
+        return (f"{title} cannot be told to run {wd} weights (it loads the checkpoint's {native}): pin "
+                f"spec.precision.weights {native} or use another engine")
+    return ""
 
 
 __all__ = ["CHUNK_SIZES", "MAX_NUM_SEQS", "SearchSpace", "SearchResult", "search", "enumerate_shapes",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Dtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "fp4"]
-Engine = Literal["vllm", "sglang", "trtllm"]
+Engine = Literal["vllm", "sglang", "trtllm", "nim", "deepspeed"]
 Objective = Literal["maxThroughput", "bestInteractivity", "balanced", "minCostWithinSLO"]
 
 

@@ -251,6 +251,12 @@ def render_group(
     env_names = tuple(e["name"] for e in shared_env)
 
     image = pods.image or DEFAULT_IMAGES[serving.engine]
+    if not image:   # engines without a published image (NIM images are per model; DeepSpeed-MII has none)
+        from meshplan import engines as _engines
+
+        why = getattr(_engines.get(serving.engine), "NO_IMAGE_REASON", "none pinned")
+        raise RenderError(f"spec.engine.image: engine {serving.engine} has no image meshplan can pin ({why}); "
+                          "set spec.engine.image")
     out_pods = []
     commands: list[EngineCommand] = []
     all_ports: dict[str, int] = {}
@@ -290,10 +296,12 @@ def render_group(
             image=image,
             command=cmd.command,
             args=cmd.args,
-            env=_merge_env(bootstrap_env, nv_env, shared_env),
+            env=_merge_env(bootstrap_env, nv_env, [{"name": k, "value": v} for k, v in cmd.env], shared_env),
             ports=cmd.ports,
             gpus=gpus_per_pod,
             serves_http=cmd.serves_http,
+            health_path=cmd.health_path,
+            live_path=cmd.live_path or cmd.health_path,
             affinity=node_affinity(domain.match_labels, domain.product, node.hostname, domain.product_label),
             tolerations=pods.tolerations,
             node_selector=dict(pods.node_selector),

@@ -50,8 +50,13 @@ ENGINE_SCHEMES: dict[str, tuple[str, ...]] = {
     "vllm": ("hf", "pvc", "file", "s3", "gs"),
     "sglang": ("hf", "pvc", "file"),
     "trtllm": ("hf", "pvc", "file"),
+    # NIM: the image's own model (hf: spec.model names it) or a local directory (NIM_MODEL_NAME, multi-LLM NIM);
+    # DeepSpeed-MII: what transformers' from_pretrained opens (a Hugging Face id or a directory).
+    "nim": ("hf", "pvc", "file"),
+    "deepspeed": ("hf", "pvc", "file"),
 }
-_ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "trtllm-serve"}
+_ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "trtllm-serve", "nim": "NVIDIA NIM",
+                 "deepspeed": "DeepSpeed-MII"}
 
 
 @dataclass(frozen=True)

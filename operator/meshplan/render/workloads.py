@@ -112,8 +112,8 @@ def escape_kubelet_refs(value: str) -> str:
     return value.replace("$", "$$")
 
 
-def _probe(port_name: str, period: int, failures: int) -> dict[str, Any]:
-    return {"httpGet": {"path": "/health", "port": port_name}, "periodSeconds": period,
+def _probe(port_name: str, period: int, failures: int, path: str = "/health") -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": port_name}, "periodSeconds": period,
             "timeoutSeconds": PROBE_TIMEOUT_S, "failureThreshold": failures}
 
 
@@ -143,6 +143,8 @@ def engine_pod(
     volume_mounts: Sequence[Mapping[str, Any]] = (),
     extra_resources: Mapping[str, int] | None = None,
     capabilities_add: Sequence[str] = (),
+    health_path: str = "/health",
+    live_path: str = "/health",
 ) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "engine",
@@ -160,10 +162,14 @@ def engine_pod(
         # capabilities, and the leader runs `mpirun --allow-run-as-root`): docs/security.md.
         "securityContext": {"allowPrivilegeEscalation": False},
     }
+    if not command:       # the image's entrypoint starts the engine (NVIDIA NIM: configured by env)
+        del container["command"]
+    if not args:
+        del container["args"]
     if serves_http:
-        container["startupProbe"] = _probe("http", STARTUP_PERIOD_S, STARTUP_FAILURES)
-        container["readinessProbe"] = _probe("http", READINESS_PERIOD_S, 3)
-        container["livenessProbe"] = _probe("http", LIVENESS_PERIOD_S, 3)
+        container["startupProbe"] = _probe("http", STARTUP_PERIOD_S, STARTUP_FAILURES, health_path)
+        container["readinessProbe"] = _probe("http", READINESS_PERIOD_S, 3, health_path)
+        container["livenessProbe"] = _probe("http", LIVENESS_PERIOD_S, 3, live_path)
     spec: dict[str, Any] = {
         "hostname": name,
         "subdomain": subdomain,
