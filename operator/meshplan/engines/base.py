@@ -254,6 +254,27 @@ def weight_flags(engine: Engine, weight_dtype: str, checkpoint_dtype: str,
 
 
 
+@dataclass(frozen=True)
+class EngineKnobs:
+    """The plan's chunk size and batch limit as one engine's flags mean them.
+
+    The plan counts `max_num_seqs` per replica and the chunk per attention rank (`planner.perf`: each DP
+    rank's step carries `chunk` tokens). An engine whose schedulers run per data-parallel rank (vLLM: every
+    DP rank is its own engine core) is told a per-rank batch limit; `replica_max_num_seqs` is what one
+    replica then runs at once, the figure the planner prices. `same_knobs` is the identity mapping.
+    """
+
+    chunk_size: int | None            # the engine's chunk flag value
+    max_num_seqs: int | None          # the engine's batch-limit flag value
+    replica_max_num_seqs: int | None  # sequences one replica runs at once with that flag
+    ranks: int = 1                    # schedulers per replica the batch limit applies to
+
+
+def same_knobs(layout: Layout, chunk_size: int | None, max_num_seqs: int | None) -> EngineKnobs:
+    """Engines whose flags mean what the plan means (one scheduler per replica)."""
+    return EngineKnobs(chunk_size, max_num_seqs, max_num_seqs, 1)
+
+
 class EngineModule(Protocol):
     """The interface every engine module implements (module-level names)."""
 

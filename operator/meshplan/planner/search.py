@@ -309,6 +309,11 @@ def search(
     shapes, rejected = enumerate_shapes(model, gpu, max_gpus, space=space, engine=engine, fleet=fleet,
                                         memory_fn=memory_fn, weight_dtype=wd, kv_dtype=kd,
                                         context_tokens=context)
+    # dtypes the engine cannot run for this checkpoint (vLLM: no online int4/int8/fp4) are never proposed
+    refused_dtypes = engines_mod.check_precision(engine, model, gpu, wd, kd)
+    if refused_dtypes:
+        rejected += [Rejected(s, f"engine: {refused_dtypes}") for s, _ in shapes]
+        shapes = []
     loaded = workload.concurrency is not None or workload.request_rate is not None
     candidates: list[Candidate] = []
     evaluated = 0
@@ -332,10 +337,13 @@ def search(
                 seqs = sorted(set(space.max_num_seqs))
             else:
                 seqs = sorted({s for s in space.max_num_seqs if s <= cap} | {min(cap, max(space.max_num_seqs))})
+            # the batch limit as the engine's flag means it (vLLM: per DP rank); the plan prices what one
+            # replica then runs (`engines.engine_knobs`, the mapping the renderer uses too)
+            knobs = [engines_mod.engine_knobs(engine, shape, chunk, s) for s in seqs]
             # pairs the engine refuses at startup (vLLM: batched tokens >= batch limit) are never proposed
-            refusals = [engines_mod.check_knobs(engine, chunk, s) for s in seqs]
+            refusals = [engines_mod.check_knobs(engine, k.chunk_size, k.max_num_seqs) for k in knobs]
             knob_refusals += [r for r in refusals if r]
-            seqs = [s for s, r in zip(seqs, refusals) if r is None]
+            seqs = sorted({k.replica_max_num_seqs for k, r in zip(knobs, refusals) if r is None})
             for n_dp in dps:
                 per_replica = _per_replica_workload(workload, n_dp)
                 layout = replace(shape, dp=n_dp)
