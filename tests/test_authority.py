@@ -188,7 +188,7 @@ def test_every_flag_meshplan_renders_is_a_real_option():
 
 
 def test_option_tables_say_where_they_come_from():
-    assert engine_options.VERSIONS == {"vllm": "0.12.0", "sglang": "0.5.5", "trtllm": "1.2.1"}
+    assert engine_options.VERSIONS == {"vllm": "0.32.0", "sglang": "0.5.5", "trtllm": "1.2.1"}
     assert all(engine_options.SOURCES[e] for e in ("vllm", "sglang", "trtllm"))
     assert len(engine_options.VLLM_OPTIONS) > 150 and len(engine_options.SGLANG_OPTIONS) > 200
     from meshplan.render.engine_args import DEFAULT_IMAGES
@@ -432,7 +432,7 @@ def test_operator_runs_engine_pods_as_the_admins_service_account_without_token()
     for pod in pods:
         assert pod["spec"]["serviceAccountName"] == "llm-engines"
         assert pod["spec"]["automountServiceAccountToken"] is False
-        assert pod["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.12.0"
+        assert pod["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.32.0"
 
 
 def test_renderer_drops_served_model_name_from_extra_args():

@@ -35,7 +35,7 @@ def test_vllm_ep_is_tp_times_dp_over_the_same_gpus():
     assert (e.moe_tp, e.moe_ep) == (1, 8)            # experts whole, EP = TP x DP
     assert not e.exact and "EP8" in e.notes[0]
     assert e.flags["--max-num-batched-tokens"] == 1024
-    assert e.flags["--max-num-seqs"] == 64
+    assert e.flags["--max-num-seqs"] == 16                 # per DP rank: 64 per replica over 4 DP ranks
     assert e.flags["--gpu-memory-utilization"] == 0.9
     assert e.flags["--kv-cache-dtype"] == "fp8"
     argv = e.argv()

@@ -178,7 +178,7 @@ def test_precision_and_features_flags():
     out, _ = render(hgx_h100(1), Layout(tp=8), serving=serving, weight_dtype="fp8", kv_dtype="fp8")
     pod = pods_of(out)[0]
     args = pod["spec"]["containers"][0]["args"]
-    assert arg(pod, "--quantization") == "fp8" and arg(pod, "--kv-cache-dtype") == "fp8"
+    assert arg(pod, "--quantization") == "fp8_per_tensor" and arg(pod, "--kv-cache-dtype") == "fp8"
     assert "--no-enable-prefix-caching" in args and "--enforce-eager" in args
     assert arg(pod, "--scheduling-policy") == "priority"
     sg = ServingOptions(engine="sglang", model="m", prefix_caching=False, scheduling_policy="priority")

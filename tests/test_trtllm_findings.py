@@ -123,10 +123,10 @@ def test_fp16_weights_on_a_bf16_checkpoint_render_the_llm_api_dtype():
 
 
 def test_precision_rule_names_the_fix():
-    why = trtllm.check_precision("fp4", "fp8", "bf16")
+    why = trtllm.precision_refusal("fp4", "fp8", "bf16")
     assert "spec.precision.weights fp4" in why and "fp4 checkpoint" in why and "auto or bf16" in why
-    assert trtllm.check_precision("fp8", "fp8", "fp8") is None            # a ModelOpt FP8 checkpoint
-    assert trtllm.check_precision("fp4", "fp8", "") is None               # checkpoint dtype not known
+    assert trtllm.precision_refusal("fp8", "fp8", "fp8") is None            # a ModelOpt FP8 checkpoint
+    assert trtllm.precision_refusal("fp4", "fp8", "") is None               # checkpoint dtype not known
 
 
 # ---- EPLB ------------------------------------------------------------------------------------

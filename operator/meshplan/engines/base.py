@@ -264,6 +264,43 @@ def weight_flags(engine: Engine, weight_dtype: str, checkpoint_dtype: str,
 
 
 
+@dataclass(frozen=True)
+class EngineKnobs:
+    """The plan's chunk size and batch limit as one engine's flags mean them.
+
+    The plan counts `max_num_seqs` per replica and the chunk per attention rank (`planner.perf`: each DP
+    rank's step carries `chunk` tokens). An engine whose schedulers run per data-parallel rank (vLLM: every
+    DP rank is its own engine core) is told a per-rank batch limit; `replica_max_num_seqs` is what one
+    replica then runs at once, the figure the planner prices. `same_knobs` is the identity mapping.
+    """
+
+    chunk_size: int | None            # the engine's chunk flag value
+    max_num_seqs: int | None          # the engine's batch-limit flag value
+    replica_max_num_seqs: int | None  # sequences one replica runs at once with that flag
+    ranks: int = 1                    # schedulers per replica the batch limit applies to
+
+
+def same_knobs(layout: Layout, chunk_size: int | None, max_num_seqs: int | None) -> EngineKnobs:
+    """Engines whose flags mean what the plan means (one scheduler per replica)."""
+    return EngineKnobs(chunk_size, max_num_seqs, max_num_seqs, 1)
+
+
+SIXTEEN_BIT = ("bf16", "fp16")
+
+
+def sixteen_bit_only(title: str, model: Any, weight_dtype: str, kv_dtype: str) -> str | None:
+    """The precision rule of an engine that cannot be told a dtype (NIM's profile and DeepSpeed-MII decide it):
+    16-bit weights or the checkpoint's own dtype, a 16-bit KV cache; None when these dtypes run."""
+    if kv_dtype not in SIXTEEN_BIT:
+        return (f"spec.precision.kvCache {kv_dtype}: {title} cannot be told a {kv_dtype} KV cache (it runs "
+                f"{'/'.join(SIXTEEN_BIT)}): pin spec.precision.kvCache bf16 or use another engine")
+    native = getattr(model, "native_dtype", "bf16") or "bf16"
+    if weight_dtype not in SIXTEEN_BIT and weight_dtype != native:
+        return (f"spec.precision.weights {weight_dtype}: {title} cannot be told to run {weight_dtype} weights (it "
+                f"loads the checkpoint's {native}): pin spec.precision.weights {native} or use another engine")
+    return None
+
+
 class EngineModule(Protocol):
     """The interface every engine module implements (module-level names)."""
 
@@ -276,6 +313,8 @@ class EngineModule(Protocol):
     def check_pods(self, layout: Layout, pods: int, gpus_per_pod: int) -> str | None: ...
 
     def check_knobs(self, chunk_size: int | None, max_num_seqs: int | None) -> str | None: ...
+
+    def check_precision(self, model: Any, gpu: Any, weight_dtype: str, kv_dtype: str) -> str | None: ...
 
     def layout(self, layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int | None = None,
                memory_fraction: float | None = None, kv_dtype: str | None = None,

@@ -36,6 +36,8 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.engines.base import (
+    SIXTEEN_BIT,
+    sixteen_bit_only,
     EngineCommand,
     EngineLayout,
     Explanation,
@@ -58,8 +60,7 @@ PRICED_AS = "vllm"
 PRICED_AS_REASON = ("DeepSpeed-MII is priced as vLLM: no calibration data exists for MII; both run a per-step "
                     "token budget that mixes prefill chunks with decodes (FastGen Dynamic SplitFuse) and size "
                     "the KV cache from the memory the weights leave")
-SUPPORTED_WEIGHT_DTYPES = ("bf16", "fp16")
-SUPPORTED_KV_DTYPES = ("bf16", "fp16")
+SUPPORTED_WEIGHT_DTYPES = SUPPORTED_KV_DTYPES = SIXTEEN_BIT
 SERVER_MODULE = "mii.entrypoints.openai_api_server"
 # DSStateManagerConfig defaults (deepspeed/inference/v2/ragged/manager_configs.py, DeepSpeed 0.16.4)
 MII_MAX_RAGGED_BATCH_SIZE = 768
@@ -113,6 +114,10 @@ def check_knobs(chunk_size: int | None, max_num_seqs: int | None) -> str | None:
                 f"{MII_MAX_RAGGED_SEQUENCE_COUNT} (DeepSpeed 0.16.4 DSStateManagerConfig), not chunk {chunk_size} / "
                 f"batch {max_num_seqs}; unpin spec.parallelism.chunkSize and maxNumSeqs")
     return None
+
+
+def check_precision(model: Any, gpu: Any, weight_dtype: str, kv_dtype: str) -> str | None:
+    return sixteen_bit_only(TITLE, model, weight_dtype, kv_dtype)
 
 
 def layout(layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int | None = None,

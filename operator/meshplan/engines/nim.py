@@ -44,6 +44,8 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.engines.base import (
+    SIXTEEN_BIT,
+    sixteen_bit_only,
     EngineCommand,
     EngineLayout,
     Explanation,
@@ -62,8 +64,7 @@ NO_IMAGE_REASON = ("NIM containers are per model, e.g. nvcr.io/nim/meta/llama-3.
 PRICED_AS = "vllm"
 PRICED_AS_REASON = ("NIM is priced as vLLM (its generic/multi-LLM profiles run the vLLM backend; an LLM-specific "
                     "NIM may pick a TensorRT-LLM profile, which meshplan cannot know in advance)")
-SUPPORTED_WEIGHT_DTYPES = ("bf16", "fp16")
-SUPPORTED_KV_DTYPES = ("bf16", "fp16")
+SUPPORTED_WEIGHT_DTYPES = SUPPORTED_KV_DTYPES = SIXTEEN_BIT
 HEALTH_READY_PATH = "/v1/health/ready"
 HEALTH_LIVE_PATH = "/v1/health/live"
 METRICS_PATH = "/v1/metrics"
@@ -109,6 +110,10 @@ def check_pods(layout: Layout, pods: int, gpus_per_pod: int) -> str | None:
 
 def check_knobs(chunk_size: int | None, max_num_seqs: int | None) -> str | None:
     return None      # no NIM variable sets them: explained as not rendered
+
+
+def check_precision(model: Any, gpu: Any, weight_dtype: str, kv_dtype: str) -> str | None:
+    return sixteen_bit_only(TITLE, model, weight_dtype, kv_dtype)
 
 
 def layout(layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int | None = None,

@@ -145,7 +145,7 @@ def knobs(layout: Layout, chunk_size: int | None, max_num_seqs: int | None) -> R
 KV_DTYPES = {"bf16": None, "fp16": None, "fp8": "fp8"}
 
 
-def check_precision(weight_dtype: str, kv_dtype: str, checkpoint_dtype: str) -> str | None:
+def precision_refusal(weight_dtype: str, kv_dtype: str, checkpoint_dtype: str) -> str | None:
     """Why trtllm-serve cannot run these weights / KV dtypes from this checkpoint (None when it can).
 
     TensorRT-LLM reads weight quantization from the checkpoint (ModelOpt's hf_quant_config.json /
@@ -166,6 +166,13 @@ def check_precision(weight_dtype: str, kv_dtype: str, checkpoint_dtype: str) -> 
                 "(kv_cache_config.dtype; other KV formats come from the checkpoint's quantization config): "
                 "set spec.precision.kvCache to fp8, bf16 or auto")
     return None
+
+
+def check_precision(model: Any, gpu: Any, weight_dtype: str, kv_dtype: str) -> str | None:
+    """The engine interface's precision rule (the search asks it once): `precision_refusal` with the checkpoint's
+    dtype when it is known (a real config.json or spec.model.architecture.weightDtype), else "" (not known)."""
+    ckpt = (getattr(model, "native_dtype", "") or "bf16") if getattr(model, "checkpoint_fixed", False) else ""
+    return precision_refusal(weight_dtype, kv_dtype, ckpt)
 
 
 # ---- EPLB -----------------------------------------------------------------------------------
@@ -251,11 +258,11 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
             explain: list[Explanation]) -> EngineCommand:
     # The KV dtype is refused here too; the weights' rule needs to know whether the checkpoint's dtype is
     # real (the planner's search knows: check_precision there), so the renderer warns.
-    refused = check_precision(candidate.weight_dtype, candidate.kv_dtype, "")
+    refused = precision_refusal(candidate.weight_dtype, candidate.kv_dtype, "")
     if refused:
         raise RenderError(refused)
     ckpt = serving.checkpoint_dtype or "bf16"
-    if check_precision(candidate.weight_dtype, candidate.kv_dtype, ckpt):
+    if precision_refusal(candidate.weight_dtype, candidate.kv_dtype, ckpt):
         explain.append(Explanation("weights", candidate.weight_dtype,
                                    "TensorRT-LLM reads quantization from the checkpoint (ModelOpt): point "
                                    f"spec.model.weights at a {candidate.weight_dtype} checkpoint",

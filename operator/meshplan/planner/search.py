@@ -320,14 +320,12 @@ def search(
                              f"while loading (--quantization {wd})")
         if kd == "auto":
             kd = auto_k
-    # dtypes the engine cannot run from this checkpoint (TensorRT-LLM: no online quantization) are never planned
-    ckpt = (getattr(model, "native_dtype", "") or "bf16") if getattr(model, "checkpoint_fixed", False) else ""
-    refused = engines_mod.check_precision(engine, wd, kd, ckpt)
+    # dtypes the engine cannot run for this checkpoint (the engine module's check_precision: vLLM has no online
+    # int4/int8/fp4, TensorRT-LLM no online quantization, NIM/MII run 16-bit only) are never proposed: no layout
+    # can run them, so the search stops with the engine's reason
+    refused = engines_mod.check_precision(engine, model, gpu, wd, kd) or _context_refusal(engine, workload.context)
     if refused:
-        return SearchResult((), (Rejected(Layout(), f"engine: {refused}"),), (), wd, kd, 0, tuple(notes))
-    refused = _dtype_refusal(engine, model, wd, kd) or _context_refusal(engine, workload.context)
-    if refused:   # a pinned dtype the engine cannot be told (NIM, DeepSpeed-MII): no layout can run
-        return SearchResult((), (Rejected(Layout(1), refused),), (), wd, kd, 0, tuple(notes))
+        return SearchResult((), (Rejected(Layout(1), f"engine: {refused}"),), (), wd, kd, 0, tuple(notes))
     context = workload.context
     if space.tensor is not None and space.cross_domain != "never":
         dom = domain_gpus(gpu)
@@ -365,10 +363,13 @@ def search(
                 seqs = sorted(set(space.max_num_seqs))
             else:
                 seqs = sorted({s for s in space.max_num_seqs if s <= cap} | {min(cap, max(space.max_num_seqs))})
+            # the batch limit as the engine's flag means it (vLLM: per DP rank); the plan prices what one
+            # replica then runs (`engines.engine_knobs`, the mapping the renderer uses too)
+            knobs = [engines_mod.engine_knobs(engine, shape, chunk, s) for s in seqs]
             # pairs the engine refuses at startup (vLLM: batched tokens >= batch limit) are never proposed
-            refusals = [engines_mod.check_knobs(engine, chunk, s) for s in seqs]
+            refusals = [engines_mod.check_knobs(engine, k.chunk_size, k.max_num_seqs) for k in knobs]
             knob_refusals += [r for r in refusals if r]
-            seqs = [s for s, r in zip(seqs, refusals) if r is None]
+            seqs = sorted({k.replica_max_num_seqs for k, r in zip(knobs, refusals) if r is None})
             for n_dp in dps:
                 per_replica = _per_replica_workload(workload, n_dp)
                 layout = replace(shape, dp=n_dp)
@@ -400,23 +401,6 @@ def _context_refusal(engine: str, context: int) -> str:
     if limit and context > limit:
         return (f"{_engines.title(engine)} holds at most {limit} tokens per sequence (no option raises it); the "
                 f"workload needs {context}: lower spec.workload.maxContext or the token counts, or use another engine")
-    return ""
-
-
-def _dtype_refusal(engine: str, model: Any, wd: str, kd: str) -> str:
-    """Why `engine` cannot run weights `wd` / KV cache `kd` ("" when it can): the engine module's
-    SUPPORTED_WEIGHT_DTYPES / SUPPORTED_KV_DTYPES (the checkpoint's own dtype always loads)."""
-    from meshplan import engines as _engines   # lazy: the engine modules import meshplan.planner
-
-    weights_ok, kv_ok = _engines.supported_dtypes(engine)
-    title = _engines.title(engine)
-    if kv_ok is not None and kd not in kv_ok:
-        return (f"{title} cannot be told a {kd} KV cache (it runs {'/'.join(kv_ok)}): pin spec.precision.kvCache "
-                f"{kv_ok[0]} or use another engine")
-    native = getattr(model, "native_dtype", "bf16")
-    if weights_ok is not None and wd not in weights_ok and wd != native:
-        return (f"{title} cannot be told to run {wd} weights (it loads the checkpoint's {native}): pin "
-                f"spec.precision.weights {native} or use another engine")
     return ""
 
 

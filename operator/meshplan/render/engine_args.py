@@ -35,7 +35,7 @@ from meshplan.engines.base import (  # noqa: F401  (the renderer's public names)
 from meshplan.engines.sglang import SGLANG_DIST_PORT  # noqa: F401
 from meshplan.engines.trtllm import TRTLLM_OPTIONS_PATH, TRTLLM_SCRIPT_NAME, TRTLLM_SSH_PORT  # noqa: F401
 from meshplan.engines.vllm import VLLM_DP_RPC_PORT, VLLM_MASTER_PORT  # noqa: F401
-from meshplan.planner.engines import check_knobs, check_pods, engine_layout
+from meshplan.planner.engines import check_knobs, check_pods, engine_knobs, engine_layout
 from meshplan.planner.types import Candidate
 from meshplan.render.nccl import Explanation
 
@@ -53,8 +53,9 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
                        memory_fraction=fraction, kv_dtype=candidate.kv_dtype)
     # How the replica is split into pods: the planner's search asks the same predicate
     # (planner.engines.check_layout with gpus_per_node), so a planned layout passes it.
+    knobs = engine_knobs(engine, layout, candidate.chunk_size, candidate.max_num_seqs)
     refused = check_pods(layout, engine, role.pods, role.gpus_per_pod) or \
-        check_knobs(engine, candidate.chunk_size, candidate.max_num_seqs)
+        check_knobs(engine, knobs.chunk_size, knobs.max_num_seqs)
     if refused:
         raise RenderError(refused)
     src = f"plan {layout.label()} (meshplan.planner.engines)"
