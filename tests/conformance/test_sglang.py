@@ -11,9 +11,10 @@ with SGLang's own argparse message. SGLANG_* environment names are checked again
 (sglang/srt/environ.py).
 
 What stands in for the start-up configuration: ServerArgs.resolve_once() + check_server_args() with a
-simulated CUDA device reaches SGLang's CUDA kernels (`import sgl_kernel`, the sglang-kernel wheel of
-compiled CUDA kernels, compressed_tensors scheme imports) on a machine without a GPU, so the probe
-does not run it here (`resolve: False`); the resolution rules the findings depend on (the chunk
+simulated CUDA device reaches SGLang's CUDA kernels on a machine without a GPU: resolution imports
+the quantization schemes, which import `sgl_kernel` (sglang-kernel 0.4.10, 1.2 GB of compiled CUDA
+ops), whose common_ops library needs the NVIDIA driver's libcuda.so.1 at load time (tried: "ImportError:
+libcuda.so.1: cannot open shared object file"). So the probe does not run it here (`resolve: False`); the resolution rules the findings depend on (the chunk
 divided by attn-dp-size and the page-size assertion, the per-worker running requests, the static
 memory fraction) are read from the 0.5.23 source and tested in tests/test_sglang_engine.py.
 """

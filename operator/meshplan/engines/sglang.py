@@ -199,6 +199,11 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
     if serving.revision:
         flags["--revision"] = serving.revision
     flags.update(el.flags)
+    if layout_.ep > 1 and candidate.chunk_size and "--chunked-prefill-size" in el.flags:
+        explain.append(Explanation("--chunked-prefill-size", str(el.flags["--chunked-prefill-size"]),
+                                   f"the planned {candidate.chunk_size}-token chunk per attention-DP rank x "
+                                   f"{layout_.ep} ranks: SGLang divides --chunked-prefill-size by --attn-dp-size",
+                                   "SGLang 0.5.23 arg_groups/parallel_hook.py _handle_data_parallelism"))
     if candidate.kv_dtype in ("int8", "int4"):
         raise RenderError(f"spec.precision.kvCache {candidate.kv_dtype}: SGLang 0.5.23 has no {candidate.kv_dtype} KV "
                           "cache (--kv-cache-dtype: auto, fp8_e4m3, fp8_e5m2, mxfp8, bf16, nvfp4, fp4_mx_block16); "
