@@ -188,7 +188,7 @@ def test_every_flag_meshplan_renders_is_a_real_option():
 
 
 def test_option_tables_say_where_they_come_from():
-    assert engine_options.VERSIONS == {"vllm": "0.32.0", "sglang": "0.5.5", "trtllm": "1.2.1"}
+    assert engine_options.VERSIONS == {"vllm": "0.32.0", "sglang": "0.5.23", "trtllm": "1.2.1"}
     assert all(engine_options.SOURCES[e] for e in ("vllm", "sglang", "trtllm"))
     assert len(engine_options.VLLM_OPTIONS) > 150 and len(engine_options.SGLANG_OPTIONS) > 200
     from meshplan.render.engine_args import DEFAULT_IMAGES
@@ -208,7 +208,7 @@ def test_validate_semantics_reports_abbreviation_the_crd_cannot_see():
     llmd = LLMDeployment.from_manifest(manifest({"engine": {"kind": "sglang", "allowPlanOverride": True,
                                                             "extraArgs": ["--tp", "4"]}}))
     problems = validate_semantics(llmd.spec)
-    assert any("abbreviation of --tp-size" in p and "SGLang 0.5.5" in p for p in problems), problems
+    assert any("abbreviation of --tp-size" in p and "SGLang 0.5.23" in p for p in problems), problems
 
 
 # ------------------------------------------------------------------ rendering: $(VAR), sh -c, SA token

@@ -67,11 +67,13 @@ def test_heads_must_divide_by_tp_for_vllm_and_sglang():
 
 def test_sglang_maps_the_blog_layout_exactly():
     e = engine_layout(Layout(tp=4, ep=4, pp=4), "sglang", GPT, chunk_size=896, max_num_seqs=32)
-    assert e.flags["--tp-size"] == 16 and e.flags["--dp-size"] == 4 and e.flags["--ep-size"] == 4
-    assert e.flags["--enable-dp-attention"] is True and e.flags["--pp-size"] == 4
+    # SGLang 0.5.23 spelling: --attn-dp-size (the deprecated --dp-size --enable-dp-attention is not rendered)
+    assert e.flags["--tp-size"] == 16 and e.flags["--attn-dp-size"] == 4 and e.flags["--ep-size"] == 4
+    assert "--dp-size" not in e.flags and "--enable-dp-attention" not in e.flags and e.flags["--pp-size"] == 4
     assert (e.attention_tp, e.attention_dp, e.moe_tp, e.moe_ep) == (4, 4, 4, 4)
     assert e.exact
-    assert e.flags["--chunked-prefill-size"] == 896 and e.flags["--max-running-requests"] == 32
+    # SGLang divides --chunked-prefill-size by attn-dp: 896 x 4 gives each rank the planned 896
+    assert e.flags["--chunked-prefill-size"] == 896 * 4 and e.flags["--max-running-requests"] == 32
 
 
 def test_sglang_deepep_needs_ep_equal_tp():

@@ -1,13 +1,25 @@
 """SGLang: how it spells a layout, what it refuses, and the pod's `sglang.launch_server` command line.
 
-Facts (docs.sglang.io "Server Arguments", "Expert Parallelism"): `--tp-size` is every GPU of the
-stage, `--dp-size` with `--enable-dp-attention` splits attention into DP groups (attention TP =
-tp-size / dp-size), `--ep-size` partitions the TP ranks into expert groups (MoE-TP = tp-size /
-ep-size), `--pp-size`. So the blog layout maps exactly: `--tp-size tp*ep --dp-size ep
---enable-dp-attention --ep-size ep`. The DeepEP all-to-all backend (`--moe-a2a-backend deepep`)
-needs ep-size = tp-size, i.e. MoE-TP 1: only layouts with `tp == 1` can use it. Chunk:
-`--chunked-prefill-size`; batch: `--max-running-requests`; memory: `--mem-fraction-static`
-(fraction of TOTAL memory).
+Facts (SGLang 0.5.23 source, sglang/srt/arg_groups/; docs.sglang.io "Server Arguments"): `--tp-size`
+is every GPU of the stage, `--attn-dp-size` splits attention into DP groups (attention TP =
+tp-size / attn-dp-size; 0.5.23 deprecates `--dp-size N --enable-dp-attention` for it, and
+`--dp-size` counts replicas again: parallel_hook.handle_deprecated_dp_attention), `--ep-size`
+partitions the TP ranks into expert groups (MoE-TP = tp-size / ep-size), `--pp-size`. So the blog
+layout maps exactly: `--tp-size tp*ep --attn-dp-size ep --ep-size ep`. The DeepEP all-to-all backend (`--moe-a2a-backend deepep`)
+needs ep-size = tp-size, i.e. MoE-TP 1: only layouts with `tp == 1` can use it. Per-rank meaning (SGLang 0.5.23; the one mapping the planner's search and the renderer share):
+- chunk: with attention DP SGLang divides `--chunked-prefill-size` by attn-dp-size
+  (parallel_hook._handle_data_parallelism) and asserts `chunked_prefill_size must be divisible by
+  page_size` on the divided value (validation_hook.check_server_args). The planner's chunk is per
+  attention-DP rank (planner.perf: the chunk budget is per rank), so meshplan renders
+  chunk x attn-dp and each rank runs the planned chunk; the chunk must be a multiple of 128, the
+  largest page size SGLang's backends pick (overrides.py: FA4 128, TRT-LLM/FlashMLA/CuteDSL MLA 64).
+- batch: `--max-running-requests` is per server = per replica (each attention-DP worker gets
+  N // attn-dp-size: model_executor/pool_configurator.py), the planner's meaning.
+- memory: `--mem-fraction-static` is (weights + KV pool) / memory free before the model loads
+  (mem_cache/kv_cache_configurator.py `_profile_available_bytes`: KV = free after load - pre-load
+  free x (1 - f); distributed/bootstrap.py measure_pre_model_load_memory, i.e. after the CUDA
+  context and NCCL). Activations and CUDA graphs live outside it. `mem_fraction_static` renders the
+  fraction that gives exactly the planner's KV budget (`static_fraction`).
 
 Multi-node: `--dist-init-addr LEADER:5000 --nnodes N --node-rank R` on every pod (SGLang server
 arguments); only rank 0 serves HTTP. SGLang (`--nnodes`) runs any split of a replica into pods.
@@ -26,15 +38,33 @@ from meshplan.engines.base import (
     flag_items,
     flatten,
     merge_extra,
-    weight_flags,
+    RenderError,
 )
-from meshplan.planner.types import Candidate, Layout
+from meshplan.planner.types import Candidate, Layout, MemoryFit
 
 NAME = "sglang"
 TITLE = "SGLang"
-DEFAULT_IMAGE = "lmsysorg/sglang:v0.5.5"
+# SGLang's release images are `lmsysorg/sglang:vX.Y.Z` (docs.sglang.io get-started/install: CUDA 13
+# images; `v0.5.19-cu129` was the last CUDA 12 tag). 0.5.23 is the newest release and the version the
+# conformance suite (tests/conformance/test_sglang.py) checks the rendered argv against.
+DEFAULT_IMAGE = "lmsysorg/sglang:v0.5.23"
 
 SGLANG_DIST_PORT = 5000       # port used in SGLang's multi-node docs (--dist-init-addr host:5000)
+
+# The largest KV page size SGLang 0.5.23 chooses for any attention backend (arg_groups/overrides.py:
+# FA4 128 for MHA, TRT-LLM MLA / FlashMLA / CuteDSL MLA 64, TRT-LLM MHA up to 128). Every per-rank chunk
+# must divide by the page size (validation_hook: "chunked_prefill_size must be divisible by page_size").
+SGLANG_MAX_PAGE_SIZE = 128
+
+# Model families whose SGLang 0.5.23 model class has no `get_model_config_for_expert_location`: with
+# --enable-eplb SGLang sets expert_distribution_recorder_mode="stat" (parallel_hook.handle_eplb_and_dispatch)
+# and then asserts at start-up "ExpertLocationMetadata is required for expert distribution recording"
+# (eplb/expert_distribution.py ExpertDistributionRecorder.init_new). sglang/srt/models/mixtral.py has none.
+EPLB_UNSUPPORTED_FAMILIES = ("mixtral",)
+
+# KV-cache dtype -> SGLang 0.5.23 `--kv-cache-dtype` (arg_groups/fields/model.py choices: auto, fp8_e5m2,
+# fp8_e4m3, mxfp8, bf16, bfloat16, nvfp4, fp4_mx_block16; nvfp4 needs SM100: kv_cache_hook.py).
+KV_CACHE_DTYPES = {"fp8": "fp8_e4m3", "fp4": "nvfp4"}
 
 
 def check_layout(layout: Layout, model: Any = None, *, a2a_backend: str | None = None) -> str | None:
@@ -57,8 +87,34 @@ def check_pods(layout: Layout, pods: int, gpus_per_pod: int) -> str | None:
 
 
 def check_knobs(chunk_size: int | None, max_num_seqs: int | None) -> str | None:
-    """SGLang caps the batch by the token budget at run time instead of refusing the pair."""
+    """SGLang asserts the per-rank chunk divides by the KV page size (up to 128, see SGLANG_MAX_PAGE_SIZE);
+    it caps the batch by the token budget at run time instead of refusing the pair."""
+    if chunk_size and chunk_size % SGLANG_MAX_PAGE_SIZE:
+        return (f"SGLang needs the chunk size ({chunk_size}) to be a multiple of {SGLANG_MAX_PAGE_SIZE}: it asserts "
+                f"'chunked_prefill_size must be divisible by page_size' and its attention backends use pages of up to "
+                f"{SGLANG_MAX_PAGE_SIZE} tokens; pin spec.parallelism chunkSize to a multiple of {SGLANG_MAX_PAGE_SIZE}")
     return None
+
+
+def chunked_prefill_size(chunk_size: int, attn_dp: int) -> int:
+    """`--chunked-prefill-size` that gives every attention-DP rank `chunk_size` tokens (SGLang divides by attn-dp)."""
+    return chunk_size * max(1, attn_dp)
+
+
+def static_fraction(fit: MemoryFit, total_bytes: float) -> float | None:
+    """`--mem-fraction-static` that gives SGLang exactly the KV budget the planner's memory fit assumes.
+
+    Planner (planner/memory.py, vLLM/SGLang branch): KV = usable - weights - activations - runtime.
+    SGLang 0.5.23: KV = f x (total - runtime) - weights (runtime = CUDA context + NCCL, gone before the
+    pre-load measurement). So f = (usable - activations - runtime) / (total - runtime), rounded down to
+    3 decimals. None when the plan carries no memory fit (then the caller renders the plain fraction).
+    """
+    if fit is None or fit.usable_bytes <= 0 or total_bytes <= 0:
+        return None
+    pre_load = total_bytes - fit.runtime_bytes
+    f = (fit.usable_bytes - fit.activation_bytes - fit.runtime_bytes) / pre_load
+    f = int(f * 1000) / 1000
+    return f if f > 0 else None
 
 
 def layout(layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int | None = None,
@@ -66,22 +122,66 @@ def layout(layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int |
            a2a_backend: str | None = None) -> EngineLayout:
     tp, ep, pp = layout.tp, layout.ep, layout.pp
     flags: dict[str, Any] = {"--tp-size": tp * ep, "--pp-size": pp}
+    notes: list[str] = []
     if ep > 1:
-        flags["--dp-size"] = ep
-        flags["--enable-dp-attention"] = True
+        flags["--attn-dp-size"] = ep
         flags["--ep-size"] = ep
         if a2a_backend:
             flags["--moe-a2a-backend"] = a2a_backend
     if chunk_size:
-        flags["--chunked-prefill-size"] = chunk_size
+        flags["--chunked-prefill-size"] = chunked_prefill_size(chunk_size, ep)
     if max_num_seqs:
         flags["--max-running-requests"] = max_num_seqs
+        if ep > 1 and max_num_seqs % ep:
+            notes.append(f"SGLang gives each of the {ep} attention-DP ranks {max_num_seqs} // {ep} = "
+                         f"{max(1, max_num_seqs // ep)} running requests (model_executor/pool_configurator.py)")
     if memory_fraction:
         flags["--mem-fraction-static"] = memory_fraction
-    if kv_dtype == "fp8":
-        flags["--kv-cache-dtype"] = "fp8_e4m3"
-    return EngineLayout(engine=NAME, flags=flags, pp=pp, exact=True,
+    if kv_dtype in KV_CACHE_DTYPES:
+        flags["--kv-cache-dtype"] = KV_CACHE_DTYPES[kv_dtype]
+    return EngineLayout(engine=NAME, flags=flags, pp=pp, exact=True, notes=tuple(notes),
                         attention_tp=tp, attention_dp=ep, moe_tp=tp, moe_ep=ep)
+
+
+def weight_flags(weight_dtype: str, checkpoint_dtype: str, explain: list[Explanation]) -> dict[str, Any]:
+    """SGLang 0.5.23 precision flags for the weights (replaces the shared `base.weight_flags` for SGLang).
+
+    `--quantization` choices (arg_groups/choices.py QUANTIZATION_CHOICES): `fp8` quantizes a BF16/FP16
+    checkpoint online, `nvfp4_online` quantizes it to NVFP4 online (layers/quantization/nvfp4_online.py,
+    min capability 100: Blackwell). INT8 (`w8a8_int8`) and INT4 (`awq`, `gptq`) read pre-quantized
+    checkpoints only: a pinned int8/int4 on a 16-bit checkpoint is refused (RenderError).
+    """
+    if weight_dtype in ("bf16", "fp16"):
+        return {"--dtype": "bfloat16" if weight_dtype == "bf16" else "float16"}
+    if weight_dtype == checkpoint_dtype:
+        explain.append(Explanation("weights", weight_dtype, "the checkpoint is already quantized; SGLang "
+                                   "reads the method from its config"))
+        return {}
+    if weight_dtype == "fp8":
+        explain.append(Explanation("--quantization", "fp8", "plan chose FP8 weights: quantize the "
+                                   f"{checkpoint_dtype} checkpoint online", "SGLang 0.5.23 QUANTIZATION_CHOICES"))
+        return {"--quantization": "fp8"}
+    if weight_dtype == "fp4" and checkpoint_dtype in ("bf16", "fp16"):
+        explain.append(Explanation("--quantization", "nvfp4_online", "plan chose FP4 weights: quantize the "
+                                   f"{checkpoint_dtype} checkpoint to NVFP4 online (Blackwell, SM 10.0+)",
+                                   "SGLang 0.5.23 layers/quantization/nvfp4_online.py"))
+        return {"--quantization": "nvfp4_online"}
+    raise RenderError(
+        f"spec.precision.weights {weight_dtype}: SGLang 0.5.23 cannot quantize a {checkpoint_dtype} checkpoint to "
+        f"{weight_dtype} while loading (its int8/int4 methods w8a8_int8, awq, gptq read pre-quantized checkpoints); "
+        f"point spec.model.weights at a {weight_dtype} checkpoint or choose weights fp8")
+
+
+def eplb_supported(model: str) -> bool:
+    """Whether SGLang 0.5.23 can run EPLB for `model` (HF id or catalogue name); see EPLB_UNSUPPORTED_FAMILIES."""
+    name = (model or "").lower().rsplit("/", 1)[-1]
+    try:
+        from meshplan.catalog.models import get_model
+
+        name = get_model(model).name.lower()
+    except (KeyError, ValueError):
+        pass
+    return not any(name.startswith(f) for f in EPLB_UNSUPPORTED_FAMILIES)
 
 
 def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: EngineLayout,
@@ -99,7 +199,36 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
     if serving.revision:
         flags["--revision"] = serving.revision
     flags.update(el.flags)
-    flags.update(weight_flags(NAME, candidate.weight_dtype, serving.checkpoint_dtype, explain))
+    if layout_.ep > 1 and candidate.chunk_size and "--chunked-prefill-size" in el.flags:
+        explain.append(Explanation("--chunked-prefill-size", str(el.flags["--chunked-prefill-size"]),
+                                   f"the planned {candidate.chunk_size}-token chunk per attention-DP rank x "
+                                   f"{layout_.ep} ranks: SGLang divides --chunked-prefill-size by --attn-dp-size",
+                                   "SGLang 0.5.23 arg_groups/parallel_hook.py _handle_data_parallelism"))
+    if candidate.kv_dtype in ("int8", "int4"):
+        raise RenderError(f"spec.precision.kvCache {candidate.kv_dtype}: SGLang 0.5.23 has no {candidate.kv_dtype} KV "
+                          "cache (--kv-cache-dtype: auto, fp8_e4m3, fp8_e5m2, mxfp8, bf16, nvfp4, fp4_mx_block16); "
+                          "choose kvCache fp8 or auto")
+    fraction = el.flags.get("--mem-fraction-static")
+    if fraction:
+        total = 0.0
+        if candidate.gpu:
+            try:
+                from meshplan.catalog.gpus import get_gpu
+
+                total = get_gpu(candidate.gpu).memory_bytes
+            except (KeyError, ValueError):
+                total = 0.0
+        f = static_fraction(candidate.memory, total)
+        if f is not None:
+            flags["--mem-fraction-static"] = f
+            explain.append(Explanation(
+                "--mem-fraction-static", str(f),
+                f"SGLang's fraction covers weights + KV of the memory free before loading; {f} gives the planner's "
+                f"KV budget (memory fraction {fraction}, less activations "
+                f"{candidate.memory.activation_bytes / 2**30:.1f} GiB and runtime "
+                f"{candidate.memory.runtime_bytes / 2**30:.1f} GiB)",
+                "SGLang 0.5.23 mem_cache/kv_cache_configurator.py _profile_available_bytes"))
+    flags.update(weight_flags(candidate.weight_dtype, serving.checkpoint_dtype, explain))
     # SGLang serves /metrics only when asked; the autoscaler reads its latency histograms there
     flags["--enable-metrics"] = True
     explain.append(Explanation("--enable-metrics", "true", "expose sglang:* Prometheus metrics for SLO "
@@ -114,11 +243,29 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
     else:
         flags["--schedule-policy"] = "fcfs"
     if serving.cuda_graphs == "disabled":
-        flags["--disable-cuda-graph"] = True
+        # 0.5.23 deprecates --disable-cuda-graph for --cuda-graph-backend-{decode,prefill}=disabled
+        flags["--cuda-graph-backend-decode"] = "disabled"
+        flags["--cuda-graph-backend-prefill"] = "disabled"
     if layout_.ep > 1 and serving.expert_load_balancing != "disabled":
-        flags["--enable-eplb"] = True
-        explain.append(Explanation("--enable-eplb", "true", "expert parallelism over several GPUs: balance hot "
-                                   "experts (spec.engine.expertLoadBalancing)", "SGLang server arguments"))
+        if not eplb_supported(serving.model):
+            if serving.expert_load_balancing == "enabled":
+                raise RenderError(f"spec.engine.expertLoadBalancing enabled: SGLang 0.5.23 has no EPLB for "
+                                  f"{serving.model} (its model class lacks get_model_config_for_expert_location; "
+                                  "start-up asserts 'ExpertLocationMetadata is required'); set it to auto or disabled")
+            explain.append(Explanation("--enable-eplb", "false", f"SGLang 0.5.23 has no EPLB for {serving.model} "
+                                       "(start-up would assert); expert load balancing not rendered",
+                                       "SGLang 0.5.23 eplb/expert_distribution.py", "warning"))
+        else:
+            flags["--enable-eplb"] = True
+            # one redundant expert per GPU of the EP group (DeepSeek's EP32 deployment: 256 + 32 = 288 physical
+            # experts); SGLang places num_experts + redundant physical experts over ep-size ranks
+            # (eplb/expert_location.py), so experts % ep == 0 keeps (experts + ep) % ep == 0.
+            flags["--ep-num-redundant-experts"] = layout_.ep
+            explain.append(Explanation("--enable-eplb", "true", "expert parallelism over several GPUs: balance hot "
+                                       "experts (spec.engine.expertLoadBalancing)", "SGLang server arguments"))
+            explain.append(Explanation("--ep-num-redundant-experts", str(layout_.ep),
+                                       "one redundant expert slot per EP rank for EPLB to replicate hot experts into",
+                                       "SGLang 0.5.23 eplb/expert_location.py"))
     if multi:
         flags["--dist-init-addr"] = f"{leader}:{SGLANG_DIST_PORT}"
         flags["--nnodes"] = role.pods
