@@ -57,6 +57,7 @@ from meshplan.render.workloads import (
     node_affinity,
     owner_reference,
     pod_name,
+    pod_resources,
 )
 from meshplan.topology import DEFAULT_TOLERATIONS, Topology
 
@@ -95,6 +96,10 @@ class PodOptions:
     weights_env: tuple[Mapping[str, Any], ...] = ()
     volumes: tuple[Mapping[str, Any], ...] = ()
     volume_mounts: tuple[Mapping[str, Any], ...] = ()
+    # pod resources (render.workloads.pod_resources): spec.resources, and the checkpoint bytes the engine
+    # downloads onto the node's disk (0 when it does not: PVC cache, pvc://, file://, s3:// / gs:// streaming)
+    resources: Mapping[str, Any] | None = None
+    download_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,8 @@ class Rendered:
 # seccomp/allowPrivilegeEscalation, `$$` escaping, TRT-LLM argv; issue #17): the new hash makes the
 # controller replace running groups by its rolling update (one at a time, surge first) instead of
 # deleting every pod whose re-apply the API server refuses as an immutable change.
-POD_TEMPLATE_VERSION = 2
+# 3: restartPolicy Never, CPU/memory/ephemeral-storage requests, a maximum length always rendered (issue #15).
+POD_TEMPLATE_VERSION = 3
 
 
 def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOptions, pods: PodOptions,
@@ -137,7 +143,7 @@ def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOpt
     """10 hex chars over everything that shapes the pods except their nodes."""
     # fields added after v1alpha1 shipped enter the hash only when set, so an operator upgrade does not
     # change the hash (and roll) of groups that do not use them
-    added = {"load_format": None, "weights_refusal": "", "weights_env": (), "volumes": (), "volume_mounts": ()}
+    added = {"load_format": None, "weights_refusal": "", "max_model_len_why": "", "weights_env": (), "volumes": (), "volume_mounts": ()}
 
     def _asdict(obj: Any) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(obj).items() if not (k in added and v == added[k])}
@@ -217,6 +223,9 @@ def render_group(
     env_names = tuple(e["name"] for e in shared_env)
 
     image = pods.image or DEFAULT_IMAGES[serving.engine]
+    resources, resources_why = pod_resources(
+        gpus_per_pod=gpus_per_pod, weights_bytes_per_pod=candidate.memory.weights_bytes * gpus_per_pod,
+        download_bytes=pods.download_bytes, overrides=pods.resources)
     out_pods = []
     commands: list[EngineCommand] = []
     all_ports: dict[str, int] = {}
@@ -263,12 +272,15 @@ def render_group(
             gpu_resource=node.resource,
             volumes=pods.volumes,
             volume_mounts=pods.volume_mounts,
+            resources=resources,
         )
         out_pods.append(pod)
     svc = headless_service(name=svc_name, namespace=ns, owner=owner_ref, labels=group_labels,
                            selector={"meshplan.dev/deployment": name, LABEL_REPLICA: str(replica.index)},
                            ports=sorted(all_ports.items(), key=lambda x: x[1]))
-    explain = tuple(dict.fromkeys((*nccl.explain, *commands[0].explain)))
+    res_explain = tuple(Explanation(f"resources {k}", v, why, "meshplan.render.workloads.pod_resources")
+                        for k, v, why in resources_why)
+    explain = tuple(dict.fromkeys((*nccl.explain, *commands[0].explain, *res_explain)))
     return RenderedGroup(replica.index, svc, tuple(out_pods), cd_obj, explain)
 
 
@@ -299,6 +311,12 @@ def render_deployment(
         for r in placement.placed
     )
     explain = tuple(dict.fromkeys(e for g in groups for e in g.explain))
+    if serving.max_model_len:
+        # every engine module renders it (vLLM --max-model-len, SGLang --context-length, trtllm-serve --max_seq_len)
+        explain += (Explanation("max sequence length", str(serving.max_model_len),
+                                "longest prompt + output each engine admits, from "
+                                + (serving.max_model_len_why or "spec"),
+                                "meshplan.render.options.planned_context"),)
     return Rendered(client, groups, h, explain)
 
 
