@@ -255,3 +255,36 @@ def test_model_cache_without_a_size_is_sized_from_the_weights():
     assert pods.download_bytes > 14 * GIB                 # Llama-3.1-8B bf16: ~15 GiB (planner weight model)
     assert vol == {"name": "model-cache", "emptyDir": {"sizeLimit": cache_size_limit(pods.download_bytes)}}
     assert _env(pod)["HF_HOME"]["value"] == "/cache/huggingface"
+
+
+# ----------------------------------------------------------------------- 2. extraArgs at the pinned versions
+
+
+@pytest.mark.parametrize("engine,args,refused", [
+    ("sglang", ["--context_length", "4096"], True),     # SGLang registers --context-length only
+    ("trtllm", ["--max-seq-len", "4096"], True),        # click: --max_seq_len only
+    ("vllm", ["--max_model_len", "4096"], False),       # FlexibleArgumentParser turns _ into -
+    ("sglang", ["--context-length", "4096"], False),
+    ("trtllm", ["--max_seq_len", "4096"], False),
+    ("sglang", ["--cuda-graph-max-bs", "64"], True),    # gone by SGLang 0.5.23 (was in 0.5.5)
+    ("vllm", ["--swap-space", "4"], True),              # gone by vLLM 0.32.0 (was in 0.12.0)
+    ("sglang", ["--attn-dp-size", "8"], True),          # new in 0.5.23, and the plan's
+    ("sglang", ["--attention-data-parallel-size", "8"], True),
+])
+def test_extra_args_are_judged_by_the_pinned_parsers(engine, args, refused):
+    from meshplan.api.extra_args import extra_args_problems
+    from meshplan.catalog.engine_options import VERSIONS
+
+    problems = extra_args_problems(engine, args)
+    assert bool(problems) == refused, problems
+    if refused:
+        assert f"{VERSIONS[engine]}" in problems[0] or "plan owns" in problems[0], problems
+
+
+def test_extra_args_keep_the_users_exact_spelling():
+    """vLLM accepts `--max_model_len`; it replaces meshplan's planned `--max-model-len` as written."""
+    d = llmd(engine={"kind": "vllm", "extraArgs": ["--max_model_len", "4096"]})
+    args = render_pods(d)[0]["spec"]["containers"][0]["args"]
+    assert "--max-model-len" not in args
+    i = args.index("--max_model_len")
+    assert args[i + 1] == "4096" and args.count("--max_model_len") == 1

@@ -38,8 +38,8 @@ _TABLES = {"vllm": option_names.VLLM_OPTIONS, "sglang": option_names.SGLANG_OPTI
 # Engines whose parser turns `_` into `-` in long option names (see module doc).
 _DASHES_FOR_UNDERSCORES = {"vllm"}
 
-# Options whose value is a secret (vLLM 0.12.0 FrontendArgs.api_key and ModelConfig hf_token;
-# SGLang 0.5.5 ServerArgs.api_key): never inline in extraArgs.
+# Options whose value is a secret (vLLM 0.12.0 and 0.32.0 FrontendArgs.api_key and ModelConfig hf_token;
+# SGLang 0.5.5 and 0.5.23 ServerArgs.api_key; the tables of catalog.engine_options): never inline in extraArgs.
 SECRET_OPTIONS = frozenset({"api-key", "hf-token"})
 # Names the operator sets from spec.model.servedName (immutable) on every engine that has it.
 OPERATOR_OWNED = frozenset({"served-model-name"})

@@ -102,6 +102,9 @@ PLAN_OWNED_FLAGS: tuple[str, ...] = (
     "expert-parallel-size", "ep-size", "ep", "moe-ep-size", "enable-expert-parallel",
     "moe-expert-parallel-size",   # trtllm-serve's long name of --ep_size
     "enable-dp-attention",
+    # SGLang 0.5.23: the attention-DP and MoE-DP sizes (--attn-dp-size / --attention-data-parallel-size,
+    # --moe-dp-size / --moe-data-parallel-size; sglang/srt/server_args.py ServerArgs) reshape the layout
+    "attn-dp-size", "moe-dp-size",
     "max-num-seqs", "max-num-batched-tokens", "max-running-requests", "chunked-prefill-size",
     "max-batch-size", "max-num-tokens",
     "kv-cache-dtype",
