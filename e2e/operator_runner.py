@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 
 from meshplan.controller.process import OperatorProcess
 
-__all__ = ["OperatorProcess", "serve", "wait_until"]
+__all__ = ["OperatorProcess", "apply_crd", "serve", "wait_until"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,10 +37,27 @@ def wait_until(pred: Callable[[], Any], timeout_s: float = 60.0, interval_s: flo
     return last
 
 
+def apply_crd(cluster: Any, name: str = "llmdeployments.meshplan.dev", timeout_s: float = 60) -> None:
+    """Apply crds/ and wait until the CRD is Established.
+
+    `kubectl wait --for=condition=Established` right after the apply fails at once ("status.conditions
+    accessor error: <nil>") when the API server has not written the CRD's first conditions yet, which a
+    loaded machine and a CRD with many CEL rules make likely; so first wait for the conditions to exist."""
+    import json
+
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+
+    def conditions() -> bool:
+        r = cluster.kubectl("get", "crd", name, "-o", "json", check=False)
+        return r.returncode == 0 and bool((json.loads(r.stdout).get("status") or {}).get("conditions"))
+
+    wait_until(conditions, timeout_s, 0.2)
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", f"--timeout={int(timeout_s)}s")
+
+
 def serve(cluster: Any, kubeconfig: str, request: Any, ns_glob: str, *args: str, metrics: bool = False,
           tail_lines: int = 150) -> Iterator[OperatorProcess]:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/llmdeployments.meshplan.dev", "--timeout=60s")
+    apply_crd(cluster)
     metrics_url = None
     if metrics:
         with socket.socket() as s:

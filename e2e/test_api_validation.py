@@ -41,8 +41,9 @@ CASES = _load_cases()
 @pytest.fixture(scope="module")
 def api(cluster):
     """The CRD applied and Established, and a namespace for this module's objects."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/llmdeployments.meshplan.dev")
+    from e2e.operator_runner import apply_crd
+
+    apply_crd(cluster)
     ns = f"api-validation-{uuid.uuid4().hex[:6]}"  # a reused cluster may still be terminating the last one
     cluster.kubectl("create", "namespace", ns)
     yield cluster, ns

@@ -35,8 +35,9 @@ FORMS = _load_forms()
 
 @pytest.fixture(scope="module")
 def api(cluster):
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/llmdeployments.meshplan.dev")
+    from e2e.operator_runner import apply_crd
+
+    apply_crd(cluster)
     ns = f"weights-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", ns)
     yield cluster, ns

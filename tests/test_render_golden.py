@@ -61,8 +61,9 @@ def render_scenario(engine: str, fleet: str) -> list[dict]:
     assert placement.ok, placement.message()
     cand = Candidate(layout=layout, weight_dtype=wd, kv_dtype=kvd, chunk_size=chunk, max_num_seqs=seqs,
                      memory=_MEM, prediction=_PRED, engine=engine)
+    # max_model_len: what options_from_spec always renders (spec.workload ISL + OSL by default, 1024 + 256)
     serving = ServingOptions(engine=engine, model=model, served_name=model.split("/")[-1].lower(),
-                             checkpoint_dtype=ckpt)
+                             checkpoint_dtype=ckpt, max_model_len=1280)
     pods = PodOptions(weights_secret=("hf-token", "token"), image=NEW_ENGINE_IMAGES.get(engine))
     out = render_deployment(Owner("llm", "serving", "0b9e4c1a-5f6d-4e1a-9c1b-1234567890ab"), cand, placement,
                             topo, serving, network, pods)

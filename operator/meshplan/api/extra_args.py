@@ -44,8 +44,8 @@ _NO_ARGS = {"nim": "NVIDIA NIM for LLMs is configured by environment variables, 
 # Engines whose parser turns `_` into `-` in long option names (see module doc).
 _DASHES_FOR_UNDERSCORES = {"vllm"}
 
-# Options whose value is a secret (vLLM 0.32.0 `vllm serve` --api-key and --hf-token, checked in its parser;
-# SGLang 0.5.5 ServerArgs.api_key; DeepSpeed-MII 0.3.3 openai_api_server --api-keys): never inline in extraArgs.
+# Options whose value is a secret (vLLM 0.12.0 and 0.32.0 FrontendArgs.api_key and ModelConfig hf_token;
+# SGLang 0.5.5 and 0.5.23 ServerArgs.api_key; DeepSpeed-MII 0.3.3 openai_api_server --api-keys; the tables of catalog.engine_options): never inline in extraArgs.
 SECRET_OPTIONS = frozenset({"api-key", "hf-token", "api-keys"})
 # Names the operator sets from spec.model.servedName (immutable) on every engine that has it.
 OPERATOR_OWNED = frozenset({"served-model-name"})

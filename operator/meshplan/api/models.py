@@ -102,6 +102,9 @@ PLAN_OWNED_FLAGS: tuple[str, ...] = (
     "expert-parallel-size", "ep-size", "ep", "moe-ep-size", "enable-expert-parallel",
     "moe-expert-parallel-size",   # trtllm-serve's long name of --ep_size
     "enable-dp-attention",
+    # SGLang 0.5.23: the attention-DP and MoE-DP sizes (--attn-dp-size / --attention-data-parallel-size,
+    # --moe-dp-size / --moe-data-parallel-size; sglang/srt/server_args.py ServerArgs) reshape the layout
+    "attn-dp-size", "moe-dp-size",
     "max-num-seqs", "max-num-batched-tokens", "max-running-requests", "chunked-prefill-size",
     "max-batch-size", "max-num-tokens",
     "kv-cache-dtype",
@@ -606,6 +609,16 @@ class Weights(ApiModel):
         "(read by the Run:ai streamer as its S3 endpoint). Default: AWS.",
         512, r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\s?#@]*)?$", default=None,
     )
+    session_token_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="s3:// only: Secret key holding a session token of temporary credentials (env "
+        "AWS_SESSION_TOKEN, read by the AWS SDK the Run:ai streamer uses), beside accessKeyIdSecretRef and "
+        "credentialsSecretRef.",
+    )
+    region: str | None = _str(
+        "s3:// only: the bucket's region, env AWS_REGION (AWS SDK). Default: the SDK's (us-east-1, or the "
+        "node's instance metadata).", 64, r"^[a-z0-9-]+$", default=None,
+    )
 
     RULES = (
         Rule(
@@ -687,6 +700,19 @@ class Weights(ApiModel):
             lambda w: not (w.uri is not None and w.uri.startswith("s3://") and w.credentials_secret_ref is not None)
             or w.access_key_id_secret_ref is not None,
             "FieldValueRequired",
+        ),
+        Rule(
+            "!has(self.sessionTokenSecretRef) || has(self.accessKeyIdSecretRef)",
+            "spec.model.weights.sessionTokenSecretRef belongs to temporary S3 credentials: set "
+            "accessKeyIdSecretRef and credentialsSecretRef with it",
+            ".sessionTokenSecretRef",
+            lambda w: w.session_token_secret_ref is None or w.access_key_id_secret_ref is not None,
+        ),
+        Rule(
+            "!has(self.region) || (has(self.uri) && self.uri.startsWith('s3://'))",
+            "spec.model.weights.region is only for s3:// URIs",
+            ".region",
+            lambda w: w.region is None or (w.uri is not None and w.uri.startswith("s3://")),
         ),
         Rule(
             "!has(self.endpoint) || (has(self.uri) && self.uri.startsWith('s3://'))",
@@ -1339,6 +1365,33 @@ def _arch_check(spec: "LLMDeploymentSpec", fn: Callable[[Architecture, Paralleli
 _ARCH = "has(self.model.architecture) && has(self.parallelism)"
 
 
+# --------------------------------------------------------------------------- pod resources
+
+_QUANTITY_RE = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+_CPU_RE = r"^([0-9]+(\.[0-9]{1,3})?|[0-9]+m)$"
+
+
+class ResourceList(ApiModel):
+    """CPU, memory and ephemeral storage of each engine container (Kubernetes quantities). GPUs are the
+    plan's: not settable here."""
+
+    cpu: str | None = _str("CPU cores, e.g. 16 or 500m.", 32, _CPU_RE, default=None)
+    memory: str | None = _str("Memory, e.g. 256Gi.", 32, _QUANTITY_RE, default=None)
+    ephemeral_storage: str | None = Field(
+        default=None, alias="ephemeral-storage", max_length=32, pattern=_QUANTITY_RE,
+        description="Ephemeral storage (container writable layer, logs, emptyDir caches), e.g. 500Gi.")
+
+
+class ResourcesSpec(ApiModel):
+    """Overrides of the requests and limits meshplan sizes for every engine container from the plan
+    (docs/pods.md explains each default). Each key given replaces that default; the others stay."""
+
+    requests: ResourceList | None = Field(default=None, description="Requests replacing meshplan's defaults.")
+    limits: ResourceList | None = Field(
+        default=None, description="Limits replacing meshplan's defaults (memory: request + weights per pod; no "
+        "CPU or ephemeral-storage limit by default). A memory limit below the memory request lowers the request.")
+
+
 class LLMDeploymentSpec(ApiModel):
     """Desired state of one LLM inference service. meshplan never writes spec."""
 
@@ -1366,6 +1419,9 @@ class LLMDeploymentSpec(ApiModel):
     )
     autoscaling: AutoscalingSpec = _section(AutoscalingSpec, description="SLO-driven replica autoscaling.")
     nccl: NcclSpec = _section(NcclSpec, description="NCCL transport and environment.")
+    resources: ResourcesSpec | None = Field(
+        default=None, description="CPU, memory and ephemeral-storage requests/limits of the engine containers, "
+        "replacing meshplan's defaults key by key (sized from the plan: docs/pods.md).")
 
     RULES = (
         Rule(

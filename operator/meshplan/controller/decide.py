@@ -20,7 +20,12 @@ Rules, in order
    new spec never deletes a running workload.
 2. Broken groups are restarted whole: a released group that lost a member (a
    pod deleted, failed or terminating) is deleted and created again, because a
-   TP/PP group with a missing rank cannot serve (never left half-running).
+   TP/PP group with a missing rank cannot serve (never left half-running). An
+   engine container that restarted in place (`restartCount` > 0) counts as a
+   lost member too, as LWS's RecreateGroupOnPodRestart does: its peers' NCCL
+   communicators died with it. Pods are rendered `restartPolicy: Never`, so a
+   crash makes the pod Failed; the restart count covers pods rendered with
+   `Always` (before POD_TEMPLATE_VERSION 3) until the roll replaces them.
 3. Placement: current groups keep their nodes (`placement.place(existing=)`);
    stale groups still hold their GPUs, so they are charged to the topology
    used for placement. A current group that cannot keep its nodes (a node went
@@ -108,6 +113,7 @@ class LivePod:
     group_size: int           # pods in its group when it was rendered (MESHPLAN_NNODES)
     obj: Mapping[str, Any]
     unschedulable_since: str | None = None    # PodScheduled=False/Unschedulable since (RFC 3339)
+    restarted: bool = False                   # a container restarted in place (restartCount > 0)
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,9 @@ def live_pod(obj: Mapping[str, Any]) -> LivePod | None:
         return None
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    finished = status.get("phase") in ("Succeeded", "Failed") or bool(meta.get("deletionTimestamp"))
+    restarted = container_restarted(status)
+    finished = (status.get("phase") in ("Succeeded", "Failed") or bool(meta.get("deletionTimestamp"))
+                or restarted)
     node = (meta.get("annotations") or {}).get(ASSIGNED_NODE_ANNOTATION) or spec.get("nodeName")
     size = 1
     for c in spec.get("containers") or []:
@@ -176,8 +184,17 @@ def live_pod(obj: Mapping[str, Any]) -> LivePod | None:
         plan_hash=labels.get(LABEL_PLAN_HASH, ""), node=node,
         gated=any(g.get("name") == GANG_GATE for g in spec.get("schedulingGates") or []),
         ready=ready and not finished, finished=finished, terminating=bool(meta.get("deletionTimestamp")),
-        gpus=pod_gpus(obj), group_size=size, obj=obj, unschedulable_since=unsched,
+        gpus=pod_gpus(obj), group_size=size, obj=obj, unschedulable_since=unsched, restarted=restarted,
     )
+
+
+def container_restarted(status: Mapping[str, Any]) -> bool:
+    """A container of the pod restarted in place (`containerStatuses[].restartCount` > 0, kubelet's count).
+
+    Init containers are not counted (a rendered pod has none). A restarted engine rejoins no group: vLLM,
+    SGLang and TensorRT-LLM build their NCCL/torch.distributed groups once at start-up, so the peers hang or
+    fail, and the group must be recreated whole (LWS RecreateGroupOnPodRestart, docs/reliability.md)."""
+    return any(_int(cs.get("restartCount"), 0) > 0 for cs in status.get("containerStatuses") or [])
 
 
 def live_groups(pods: Sequence[Mapping[str, Any]]) -> dict[int, LiveGroup]:
@@ -572,9 +589,11 @@ def decide(inp: Inputs) -> Outcome:
             out.delete.append((cd.get("apiVersion", ""), "ComputeDomain", cd_name,
                                (cd.get("metadata") or {}).get("uid", "")))
     for i in restarted:
+        crashed = sorted(p.name for p in groups[i].pods.values() if p.restarted)
         why = (f"a pod stayed unschedulable for {UNSCHEDULABLE_GRACE_S:.0f}s (its GPUs are used by something "
                "else): the whole group is placed again") if i in unschedulable else \
-            "lost a pod after it was released: the whole group is restarted"
+            (f"engine container of {', '.join(crashed)} restarted: the whole group is recreated" if crashed else
+             "lost a pod after it was released: the whole group is restarted")
         out.events.append(("Warning", "ReplicaRestarted", f"replica {i} {why}"))
     for i in moved:
         out.events.append(("Warning", "ReplicaMoved",

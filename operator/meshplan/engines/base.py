@@ -139,6 +139,7 @@ class ServingOptions:
     cuda_graphs: str = "auto"               # auto | enabled | disabled (api.models spelling)
     memory_fraction: float | None = None
     max_model_len: int | None = None
+    max_model_len_why: str = ""              # where max_model_len comes from (render.options.planned_context)
     extra_args: tuple[str, ...] = ()
     allow_plan_override: bool = False
     port: int = HTTP_PORT

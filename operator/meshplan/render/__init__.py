@@ -57,6 +57,7 @@ from meshplan.render.workloads import (
     node_affinity,
     owner_reference,
     pod_name,
+    pod_resources,
 )
 from meshplan.topology import DEFAULT_TOLERATIONS, Topology
 
@@ -95,6 +96,10 @@ class PodOptions:
     weights_env: tuple[Mapping[str, Any], ...] = ()
     volumes: tuple[Mapping[str, Any], ...] = ()
     volume_mounts: tuple[Mapping[str, Any], ...] = ()
+    # pod resources (render.workloads.pod_resources): spec.resources, and the checkpoint bytes the engine
+    # downloads onto the node's disk (0 when it does not: PVC cache, pvc://, file://, s3:// / gs:// streaming)
+    resources: Mapping[str, Any] | None = None
+    download_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,8 @@ class Rendered:
 # seccomp/allowPrivilegeEscalation, `$$` escaping, TRT-LLM argv; issue #17): the new hash makes the
 # controller replace running groups by its rolling update (one at a time, surge first) instead of
 # deleting every pod whose re-apply the API server refuses as an immutable change.
-POD_TEMPLATE_VERSION = 2
+# 3: restartPolicy Never, CPU/memory/ephemeral-storage requests, a maximum length always rendered (issue #15).
+POD_TEMPLATE_VERSION = 3
 
 
 def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOptions, pods: PodOptions,
@@ -138,7 +144,7 @@ def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOpt
     # fields added after v1alpha1 shipped enter the hash only when set, so an operator upgrade does not
     # change the hash (and roll) of groups that do not use them
     added = {"load_format": None, "weights_refusal": "", "weights_env": (), "volumes": (), "volume_mounts": (),
-             "num_experts": 0}
+             "num_experts": 0, "max_model_len_why": ""}
 
     def _asdict(obj: Any) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(obj).items() if not (k in added and v == added[k])}
@@ -257,6 +263,9 @@ def render_group(
         why = getattr(_engines.get(serving.engine), "NO_IMAGE_REASON", "none pinned")
         raise RenderError(f"spec.engine.image: engine {serving.engine} has no image meshplan can pin ({why}); "
                           "set spec.engine.image")
+    resources, resources_why = pod_resources(
+        gpus_per_pod=gpus_per_pod, weights_bytes_per_pod=candidate.memory.weights_bytes * gpus_per_pod,
+        download_bytes=pods.download_bytes, overrides=pods.resources)
     out_pods = []
     commands: list[EngineCommand] = []
     all_ports: dict[str, int] = {}
@@ -313,6 +322,7 @@ def render_group(
             volume_mounts=(*pods.volume_mounts, *cmd.volume_mounts),
             extra_resources=rdma_res,
             capabilities_add=rdma_caps,
+            resources=resources,
         )
         out_pods.append(pod)
     svc = headless_service(name=svc_name, namespace=ns, owner=owner_ref, labels=group_labels,
@@ -325,7 +335,9 @@ def render_group(
                                      f"TP{tp} crosses NVLink domains ({', '.join(replica.domains)}): its all-reduces "
                                      f"run over {gt.rdma_fabric or 'the network'}, much slower than NVLink",
                                      "meshplan.topology tiers", "warning"))
-    explain = tuple(dict.fromkeys((*nccl.explain, *group_why, *commands[0].explain)))
+    res_explain = tuple(Explanation(f"resources {k}", v, why, "meshplan.render.workloads.pod_resources")
+                        for k, v, why in resources_why)
+    explain = tuple(dict.fromkeys((*nccl.explain, *group_why, *commands[0].explain, *res_explain)))
     return RenderedGroup(replica.index, svc, tuple(out_pods), cd_obj, explain)
 
 
@@ -356,6 +368,12 @@ def render_deployment(
         for r in placement.placed
     )
     explain = tuple(dict.fromkeys(e for g in groups for e in g.explain))
+    if serving.max_model_len:
+        # every engine module renders it (vLLM --max-model-len, SGLang --context-length, trtllm-serve --max_seq_len)
+        explain += (Explanation("max sequence length", str(serving.max_model_len),
+                                "longest prompt + output each engine admits, from "
+                                + (serving.max_model_len_why or "spec"),
+                                "meshplan.render.options.planned_context"),)
     return Rendered(client, groups, h, explain)
 
 

@@ -8,7 +8,7 @@ or a Secret volume, never a value), and the engine flag a streaming loader needs
 |---|---|---|
 | hf://org/name[@rev] | `org/name` (+ `--revision rev`) | `HF_TOKEN` from credentialsSecretRef |
 | pvc://claim/path | `/mnt/models/path` | volume `weights` = PVC `claim`, readOnly, mounted readOnly at /mnt/models |
-| s3://bucket/key | vLLM: `s3://bucket/key` with `--load-format runai_streamer` | `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` from the two Secret keys, `AWS_ENDPOINT_URL` from weights.endpoint |
+| s3://bucket/key | vLLM: `s3://bucket/key` with `--load-format runai_streamer` | `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (/ `AWS_SESSION_TOKEN`) from the Secret keys, `AWS_REGION` from weights.region, `AWS_ENDPOINT_URL` (+ `RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING=0`, `AWS_EC2_METADATA_DISABLED=true`) from weights.endpoint; never HF_TOKEN |
 | gs://bucket/obj | vLLM: `gs://bucket/obj` with `--load-format runai_streamer` | the key JSON as a read-only Secret volume, `GOOGLE_APPLICATION_CREDENTIALS` its path |
 | file:///models/... | the path | nothing (the path is in the image) |
 | unset | spec.model.name when it is an HF id, else the catalogue entry's HF repo | as hf:// |
@@ -21,6 +21,14 @@ Facts:
   AWS_SECRET_ACCESS_KEY / AWS_ENDPOINT_URL for S3 (vLLM copies AWS_ENDPOINT_URL
   to RUNAI_STREAMER_S3_ENDPOINT, runai_streamer_loader.py) and Google
   application-default credentials, i.e. GOOGLE_APPLICATION_CREDENTIALS, for GCS).
+- The streamer reads S3 credentials through the AWS SDK's default chain: AWS_ACCESS_KEY_ID,
+  AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION (else instance metadata / IRSA web identity), its
+  endpoint from AWS_ENDPOINT_URL (run-ai/runai-model-streamer docs/src/env-vars.md); SGLang 0.5.23's copy
+  of the loader does the same (sglang/srt/model_loader/weight_utils.py set_runai_streamer_env copies
+  AWS_ENDPOINT_URL to RUNAI_STREAMER_S3_ENDPOINT) and chooses `runai_streamer` itself for an s3:// / gs://
+  `--model-path` (sglang/srt/arg_groups/model_path_hook.py), but only with the optional `sglang[runai]`
+  extra installed: meshplan keeps refusing object stores for SGLang until the pinned image is checked to
+  carry it.
 - SGLang (lmsysorg/sglang:v0.5.5) and trtllm-serve (TensorRT-LLM 1.1.0) take a
   Hugging Face id or a local directory as the model (`--model-path`, the
   positional model of trtllm-serve; docs.sglang.io server arguments,
@@ -71,6 +79,13 @@ class WeightsSource:
     notes: tuple[str, ...] = field(default=())
 
 
+def cache_size_limit(checkpoint_bytes: float) -> str:
+    """emptyDir sizeLimit of a model cache sized from the weights: the checkpoint + 10 % (tokenizer files,
+    the hub's lock and metadata files, an incomplete download's partial file), whole GiB. An emptyDir
+    above its sizeLimit gets the pod evicted by the kubelet, so it is an upper bound, never tight."""
+    return f"{-(-int(checkpoint_bytes * 1.1) // 2**30)}Gi"
+
+
 def scheme_of(uri: str | None) -> str:
     return uri.split("://", 1)[0].lower() if uri and "://" in uri else ""
 
@@ -93,9 +108,11 @@ def _secret_env(name: str, ref: Any) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
-def weights_source(model_spec: Any, engine: str, catalogue_repo: str | None = None) -> WeightsSource:
+def weights_source(model_spec: Any, engine: str, catalogue_repo: str | None = None,
+                   checkpoint_bytes: float = 0.0) -> WeightsSource:
     """How `engine` gets the weights of `spec.model` (see module doc). `catalogue_repo` is the catalogue
-    entry's Hugging Face repository, used when weights.uri is unset."""
+    entry's Hugging Face repository, used when weights.uri is unset; `checkpoint_bytes` the checkpoint's
+    size, which sizes a model cache given neither claimName nor sizeLimit (`cache: {}`)."""
     weights = getattr(model_spec, "weights", None)
     uri = getattr(weights, "uri", None)
     cred = getattr(weights, "credentials_secret_ref", None)
@@ -131,9 +148,20 @@ def weights_source(model_spec: Any, engine: str, catalogue_repo: str | None = No
                 env.append(_secret_env("AWS_ACCESS_KEY_ID", key_id))
             if cred is not None:
                 env.append(_secret_env("AWS_SECRET_ACCESS_KEY", cred))
+            token = getattr(weights, "session_token_secret_ref", None)
+            if token is not None:
+                env.append(_secret_env("AWS_SESSION_TOKEN", token))
+            region = getattr(weights, "region", None)
+            if region:
+                env.append({"name": "AWS_REGION", "value": region})
             endpoint = getattr(weights, "endpoint", None)
             if endpoint:
                 env.append({"name": "AWS_ENDPOINT_URL", "value": endpoint})
+                # an S3-compatible store: path-style URLs, and no EC2 instance-metadata lookup for credentials
+                # (docs.vllm.ai models/extensions/runai_model_streamer, "S3 compatible object store";
+                # run-ai/runai-model-streamer docs/src/env-vars.md)
+                env.append({"name": "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING", "value": "0"})
+                env.append({"name": "AWS_EC2_METADATA_DISABLED", "value": "true"})
         elif cred is not None:
             volumes.append({"name": GCS_VOLUME, "secret": {"secretName": cred.name, "defaultMode": 0o440,
                                                            "items": [{"key": cred.key, "path": GCS_FILE}]}})
@@ -151,6 +179,8 @@ def weights_source(model_spec: Any, engine: str, catalogue_repo: str | None = No
             vol: dict[str, Any] = {}
             if cache.size_limit:
                 vol["sizeLimit"] = cache.size_limit
+            elif checkpoint_bytes > 0:
+                vol["sizeLimit"] = cache_size_limit(checkpoint_bytes)
             volumes.append({"name": CACHE_VOLUME, "emptyDir": vol})
         mounts.append({"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT})
         env.append({"name": "HF_HOME", "value": CACHE_MOUNT})
@@ -159,5 +189,5 @@ def weights_source(model_spec: Any, engine: str, catalogue_repo: str | None = No
                          refusal=engine_refusal(uri, engine))
 
 
-__all__ = ["CACHE_MOUNT", "ENGINE_SCHEMES", "WEIGHTS_MOUNT", "WeightsSource", "engine_refusal", "scheme_of",
+__all__ = ["CACHE_MOUNT", "cache_size_limit", "ENGINE_SCHEMES", "WEIGHTS_MOUNT", "WeightsSource", "engine_refusal", "scheme_of",
            "weights_source"]

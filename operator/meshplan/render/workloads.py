@@ -112,6 +112,88 @@ def escape_kubelet_refs(value: str) -> str:
     return value.replace("$", "$$")
 
 
+GIB = 1024 ** 3
+# Pod resources (requests; memory also a limit) sized from the plan, per engine container:
+# - CPU: 2 + 1 per GPU. vLLM runs one API-server process (HTTP, tokenization, detokenization), one
+#   engine-core process (scheduler) and one worker process per GPU, each keeping a core busy
+#   (docs.vllm.ai design/arch_overview, "Multi-process architecture"); SGLang (tokenizer manager,
+#   scheduler per GPU, detokenizer) and TensorRT-LLM (one MPI rank per GPU + the OpenAI server) have the
+#   same shape. A request, no CPU limit: a throttled scheduler stalls every GPU of the group.
+CPU_BASE, CPU_PER_GPU = 2, 1
+# - Memory: the weights per pod (safetensors are mmapped and copied shard by shard to the GPUs; the page
+#   cache they fill is charged to the pod's memory cgroup), + 4 GiB per GPU (each worker process: torch,
+#   CUDA host runtime and pinned staging buffers) + 4 GiB (API server, tokenizer, NCCL's /dev/shm segments,
+#   which are memory-backed and counted against the pod). Limit = request + weights per pod: room for a
+#   loader that copies a shard into anonymous memory while its pages are still cached; the limit keeps a
+#   runaway engine from evicting its neighbours (memory is not compressible).
+MEM_BASE_GIB, MEM_PER_GPU_GIB = 4, 4
+# - Ephemeral storage: 10 GiB for logs and the JIT caches the engines write under /root/.cache (Triton,
+#   torch.compile/inductor, FlashInfer, DeepGEMM), + the whole checkpoint when the engine downloads it onto
+#   the node's disk (hf:// into the container or an emptyDir model cache; not with a PVC cache, pvc://,
+#   file://, or the streamer's s3:// / gs://, which never touches disk).
+EPHEMERAL_BASE_GIB = 10
+
+
+def _gib(n_bytes: float) -> int:
+    return max(0, -(-int(n_bytes) // GIB))
+
+
+_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+           "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def quantity_bytes(q: str) -> float:
+    """A Kubernetes memory/storage quantity (`256Gi`, `1.5T`, `1000`) in bytes."""
+    for suf in sorted(_SUFFIX, key=len, reverse=True):
+        if q.endswith(suf):
+            return float(q[: -len(suf)]) * _SUFFIX[suf]
+    return float(q)
+
+
+def pod_resources(*, gpus_per_pod: int, weights_bytes_per_pod: float, download_bytes: float = 0.0,
+                  overrides: Mapping[str, Any] | None = None,
+                  ) -> tuple[dict[str, dict[str, str]], list[tuple[str, str, str]]]:
+    """Requests and limits (without the GPUs) of one engine container, and why each default has its value.
+
+    `weights_bytes_per_pod`: the plan's weights on this pod's GPUs (MemoryFit.weights_bytes x GPUs per pod);
+    `download_bytes`: the checkpoint the engine downloads onto the node's disk (0 when it does not);
+    `overrides`: spec.resources (`{"requests": {...}, "limits": {...}}`), replacing defaults key by key.
+    QoS is Burstable (requests below the unlimited CPU); never BestEffort."""
+    w_gib = _gib(weights_bytes_per_pod)
+    cpu = CPU_BASE + CPU_PER_GPU * gpus_per_pod
+    mem = w_gib + MEM_PER_GPU_GIB * gpus_per_pod + MEM_BASE_GIB
+    eph = EPHEMERAL_BASE_GIB + _gib(download_bytes)
+    requests = {"cpu": str(cpu), "memory": f"{mem}Gi", "ephemeral-storage": f"{eph}Gi"}
+    limits = {"memory": f"{mem + w_gib}Gi"}
+    why = [
+        ("cpu", str(cpu), f"{CPU_BASE} (API server, scheduler) + {CPU_PER_GPU} per GPU x {gpus_per_pod} (one "
+         "worker process each); no CPU limit"),
+        ("memory", f"{mem}Gi", f"weights on this pod {w_gib} GiB (host staging while loading) + "
+         f"{MEM_PER_GPU_GIB} GiB per GPU x {gpus_per_pod} (worker processes) + {MEM_BASE_GIB} GiB (server, "
+         f"tokenizer, /dev/shm); limit {mem + w_gib}Gi (+ the weights once more)"),
+        ("ephemeral-storage", f"{eph}Gi", f"{EPHEMERAL_BASE_GIB} GiB logs and JIT caches"
+         + (f" + the {_gib(download_bytes)} GiB checkpoint the engine downloads" if download_bytes else "")),
+    ]
+    o = overrides or {}
+    for k, v in (o.get("requests") or {}).items():
+        requests[k] = str(v)
+        why.append((k, str(v), "request from spec.resources.requests"))
+    for k, v in (o.get("limits") or {}).items():
+        limits[k] = str(v)
+        why.append((k, str(v), "limit from spec.resources.limits"))
+    for k in ("memory", "ephemeral-storage"):
+        if k in limits and k in requests and quantity_bytes(limits[k]) < quantity_bytes(requests[k]):
+            requests[k] = limits[k]
+            why.append((k, limits[k], "request lowered to the limit (the API server refuses a request above it)"))
+    if "cpu" in limits and "cpu" in requests:
+        def _cores(q: str) -> float:
+            return float(q[:-1]) / 1000 if q.endswith("m") else float(q)
+        if _cores(limits["cpu"]) < _cores(requests["cpu"]):
+            requests["cpu"] = limits["cpu"]
+            why.append(("cpu", limits["cpu"], "request lowered to the limit"))
+    return {"requests": requests, "limits": limits}, why
+
+
 def _probe(port_name: str, period: int, failures: int, path: str = "/health") -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": port_name}, "periodSeconds": period,
             "timeoutSeconds": PROBE_TIMEOUT_S, "failureThreshold": failures}
@@ -145,6 +227,7 @@ def engine_pod(
     capabilities_add: Sequence[str] = (),
     health_path: str = "/health",
     live_path: str = "/health",
+    resources: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "engine",
@@ -153,7 +236,10 @@ def engine_pod(
         "args": [escape_kubelet_refs(a) for a in args],
         "env": [dict(e) for e in env],
         "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports],
-        "resources": {"limits": {gpu_resource: str(gpus)}},   # the node's device plugin resource
+        # the node's device plugin resource, and CPU/memory/ephemeral storage (pod_resources)
+        "resources": {**({"requests": dict((resources or {}).get("requests") or {})}
+                         if (resources or {}).get("requests") else {}),
+                      "limits": {**dict((resources or {}).get("limits") or {}), gpu_resource: str(gpus)}},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *(dict(m) for m in volume_mounts)],
         # Pod Security Standard `baseline` holds (no privileged, host namespaces, hostPath, host ports
         # or added capabilities); these two restricted-profile controls hold for every engine too.
@@ -173,7 +259,10 @@ def engine_pod(
     spec: dict[str, Any] = {
         "hostname": name,
         "subdomain": subdomain,
-        "restartPolicy": "Always",
+        # Never: an engine that crashes (or fails liveness) leaves its pod Failed, and the controller
+        # recreates the whole replica group (controller.decide rule 2), as LWS's RecreateGroupOnPodRestart
+        # does; restarted in place it could not rejoin its peers' NCCL groups (docs/reliability.md).
+        "restartPolicy": "Never",
         "enableServiceLinks": False,
         # Engines never call the Kubernetes API: no ServiceAccount token in the pod (issue #17).
         "automountServiceAccountToken": False,
@@ -259,5 +348,5 @@ __all__ = [
     "ANNOTATION_DOMAIN", "ANNOTATION_EXPLAIN", "ASSIGNED_NODE_ANNOTATION", "GANG_GATE", "LABEL_DEPLOYMENT",
     "LABEL_PLAN_HASH", "LABEL_RANK", "LABEL_REPLICA", "LABEL_ROLE", "LABEL_STAGE", "base_labels", "child_name",
     "client_service", "compute_domain", "engine_pod", "group_service_name", "headless_service", "node_affinity",
-    "owner_reference", "pod_name",
+    "owner_reference", "pod_name", "pod_resources", "quantity_bytes",
 ]
