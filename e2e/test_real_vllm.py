@@ -24,6 +24,8 @@ Issue 15, Build item 3. What is real and what stands in:
   request counter, running/waiting gauges and KV usage. The extra replicas do not take load (the
   load generator talks to the real server), so latency falls only when the load stops; the test
   shows the decision chain up on real latency under load, and down after it.
+  The policy's scale-up also counts the queued requests against the planner's per-replica capacity
+  (an H100's, far above this CPU's); the test asserts the latency ratio alone is above the threshold.
 - SLO thresholds: the spec's SLO stays the example's (TTFT 500 ms, ITL 30 ms at p99, which the plan
   was made for). The autoscaling thresholds (ratios to that SLO) are set from a measured baseline:
   the autoscaler's own observed ratios while the server serves one request at a time; up = 3x the
