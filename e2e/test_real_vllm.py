@@ -1,0 +1,320 @@
+"""A real vLLM in the loop: the rendered pod's argv serves, Prometheus scrapes it, the autoscaler scales on it.
+
+Issue 15, Build item 3. What is real and what stands in:
+
+- The LLMDeployment is examples/llama-3.1-8b-1gpu.yaml with autoscaling on (short windows) and
+  `gpus.maxGpus: 3` (the example's 1 is the deployment's GPU ceiling, all replicas together, so it
+  would cap autoscaling at one replica). The operator plans, places and renders it as always.
+- The leader pod of replica 0 is read back from the API server and its engine container's
+  command + args run as a real `vllm serve` (vLLM 0.32.0, the CPU build from the package index, engine
+  venv `vllm-0.32.0`). Only what a CPU machine forces is changed, and the test asserts the diff is
+  exactly that list (`real_vllm.cpu_launch`): the model becomes a config-only tiny Llama directory
+  (the real Llama-3.1-8B config.json, sizes shrunk, a tokenizer trained here), `--load-format dummy`,
+  host/port, VLLM_CPU_KVCACHE_SPACE and the offline switches. Nothing downloads.
+- Its /metrics is scraped by a real Prometheus through the relabelling of the chart's engine
+  PodMonitor: `helm template` renders charts/meshplan/templates/podmonitor-engines.yaml, the
+  PodMonitor becomes the scrape config the Prometheus Operator generates for it, and the target's
+  `__meta_kubernetes_*` labels are built from the pod object as Prometheus' pod discovery builds
+  them (file SD stands in for pod SD: no kubelet runs pods here). So the series carry the labels
+  they carry in production (namespace, meshplan_dev_deployment, pod, container, endpoint, job).
+- Load comes from a real load generator, `vllm bench serve` (same venv).
+- Only one real server fits two CPU cores: replicas 1..N-1 that the autoscaler adds are kwok pods
+  (scheduled, Running and Ready, running nothing) and export no metrics. The autoscaler's queries sum
+  over the deployment's pods, so what it reads is the real server's series: its TTFT/ITL histograms,
+  request counter, running/waiting gauges and KV usage. The extra replicas do not take load (the
+  load generator talks to the real server), so latency falls only when the load stops; the test
+  shows the decision chain up on real latency under load, and down after it.
+  The policy's scale-up also counts the queued requests against the planner's per-replica capacity
+  (an H100's, far above this CPU's); the test asserts the latency ratio alone is above the threshold.
+- SLO thresholds: the spec's SLO stays the example's (TTFT 500 ms, ITL 30 ms at p99, which the plan
+  was made for). The autoscaling thresholds (ratios to that SLO) are set from a measured baseline:
+  the autoscaler's own observed ratios while the server serves one request at a time, and the load
+  generator's p99 of the same run, as ratios to the SLO; up = 3x the larger baseline ratio (at most 10, the API's bound), down = half of up. During the baseline the
+  thresholds are parked at up 10 / down 0.1, so nothing scales before they are chosen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"e2e_{name}", Path(__file__).with_name(f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod          # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+operator_runner = _load("operator_runner")
+chart_credentials = _load("chart_credentials")
+rv = _load("real_vllm")
+
+NS = f"mp-real-{hashlib.sha1(str(os.getpid()).encode()).hexdigest()[:6]}"
+NAME = "llama-8b"
+UP_WINDOW_S, DOWN_WINDOW_S, COOLDOWN_S = 10, 20, 10
+MAX_REPLICAS = 3
+CAPTURE_ENV = "MESHPLAN_CAPTURE_VLLM_METRICS"   # path: write the server's /metrics after the load
+
+
+def manifest(up: float, down: float) -> dict[str, Any]:
+    m = yaml.safe_load((REPO / "examples" / "llama-3.1-8b-1gpu.yaml").read_text())
+    m["spec"]["gpus"]["maxGpus"] = MAX_REPLICAS
+    m["spec"]["autoscaling"] = {"enabled": True, "minReplicas": 1, "maxReplicas": MAX_REPLICAS,
+                                "upWindowSeconds": UP_WINDOW_S, "downWindowSeconds": DOWN_WINDOW_S,
+                                "cooldownSeconds": COOLDOWN_S, "upThreshold": up, "downThreshold": down,
+                                "maxStepDown": MAX_REPLICAS}
+    return m
+
+
+def podmonitor(cluster) -> dict[str, Any]:
+    """The chart's engine PodMonitor as `helm template` renders it (chart defaults, PodMonitor enabled)."""
+    text = chart_credentials.render(cluster, ["templates/podmonitor-engines.yaml"], "meshplan-system",
+                                    values={"engineMetrics.podMonitor.enabled": True})
+    (doc,) = [d for d in yaml.safe_load_all(text) if d]
+    return doc
+
+
+def selects_namespace(doc: dict[str, Any], namespace: str) -> bool:
+    sel = doc["spec"].get("namespaceSelector") or {}
+    return bool(sel.get("any")) or namespace in (sel.get("matchNames") or [])
+
+
+@pytest.fixture(scope="module")
+def engine_python():
+    try:
+        return rv.engine_python()
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def pm(cluster):
+    return podmonitor(cluster)
+
+
+@pytest.fixture(scope="module")
+def prom(pm):
+    p = rv.RelabelPrometheus(rv.podmonitor_scrape_config(pm)).start()
+    try:
+        yield p
+    finally:
+        p.cleanup()
+
+
+@pytest.fixture(scope="module")
+def operator(cluster, operator_kubeconfig, prom, request):
+    # `kubectl wait` right after the CRD is created can fail with "<nil> is of the type <nil>" (the
+    # CRD has no status.conditions yet): apply and wait for Established here first, by polling.
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    established = operator_runner.wait_until(lambda: "True" in cluster.kubectl(
+        "get", "crd", "llmdeployments.meshplan.dev", "-o",
+        "jsonpath={.status.conditions[?(@.type=='Established')].status}", check=False).stdout, 60)
+    assert established, "the LLMDeployment CRD never became Established"
+    yield from operator_runner.serve(cluster, operator_kubeconfig, request, "mp-real-*",
+                                     "--prometheus-url", prom.url, tail_lines=200)
+
+
+@pytest.fixture
+def procs():
+    """Every process the test starts, stopped in reverse order whatever happens."""
+    started: list = []
+    yield started
+    for p in reversed(started):
+        p.stop()
+
+
+def _get(cluster, kind: str, name: str) -> dict[str, Any]:
+    r = cluster.kubectl("get", kind, name, "-n", NS, "-o", "json", check=False)
+    return json.loads(r.stdout) if r.returncode == 0 else {}
+
+
+def _auto(o: dict[str, Any]) -> dict[str, Any]:
+    return (o.get("status") or {}).get("autoscaling") or {}
+
+
+def _wait(pred: Callable[[], Any], timeout_s: float, what: str, show: Callable[[], Any] = lambda: None) -> Any:
+    v = operator_runner.wait_until(pred, timeout_s, interval_s=1.0)
+    if not v:
+        raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last: {json.dumps(show())[:3000]}")
+    return v
+
+
+def _pods(cluster) -> list[dict[str, Any]]:
+    r = cluster.kubectl("get", "pods", "-n", NS, "-l", f"meshplan.dev/deployment={NAME}", "-o", "json")
+    return json.loads(r.stdout)["items"]
+
+
+def _ready(p: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or [])
+
+
+def test_real_vllm_serves_is_scraped_with_podmonitor_labels_and_is_autoscaled(
+        cluster, operator, prom, pm, engine_python, procs, tmp_path):
+    t0 = time.monotonic()
+    marks: list[tuple[str, float]] = []
+
+    def mark(what: str) -> None:
+        marks.append((what, time.monotonic() - t0))
+        print(f"[real-vllm] {time.monotonic() - t0:6.1f}s {what}", flush=True)
+
+    cluster.kubectl("create", "namespace", NS)
+    try:
+        cluster.kubectl("create", "secret", "generic", "hf-token", "-n", NS,
+                        "--from-literal=token=hf_e2e_not_a_real_token")
+        cluster.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(manifest(up=10.0, down=0.1)))
+        model_dir = rv.tiny_model_dir()
+        cfg = rv.write_tiny_model(model_dir)
+        mark(f"tiny model written ({cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
+             f"vocab {cfg['vocab_size']})")
+
+        leader = _wait(lambda: next((p for p in _pods(cluster) if p["metadata"]["labels"].get("meshplan.dev/role")
+                                     == "leader" and p["metadata"]["labels"].get("meshplan.dev/replica") == "0"
+                                     and _ready(p)), None),
+                       120, "the leader pod of replica 0, Ready", lambda: _get(cluster, "llmd", NAME).get("status"))
+        mark(f"leader pod {leader['metadata']['name']} Ready on {leader['spec'].get('nodeName')}")
+        (c,) = [c for c in leader["spec"]["containers"] if c["name"] == "engine"]
+        rendered = c["command"] + c["args"]
+        print(f"[real-vllm] rendered argv: {rendered}")
+        assert "--tensor-parallel-size" in rendered and rendered[rendered.index("--tensor-parallel-size") + 1] == "1"
+
+        port = rv.free_port()
+        launch = rv.cpu_launch(leader, model_dir, port, {("hf-token", "token"): "hf_e2e_not_a_real_token"})
+        # The diff between the pod's container and what runs is exactly what a CPU machine forces.
+        served = rendered[rendered.index("--served-model-name") + 1]
+        assert launch.changes == [
+            f"model {rendered[2]} -> {model_dir}",
+            "--host 0.0.0.0 -> 127.0.0.1",
+            f"--port 8000 -> {port}",
+            "+ --load-format dummy",
+            "+ env VLLM_CPU_KVCACHE_SPACE=1",
+            "+ env HF_HUB_OFFLINE=1",
+            "+ env VLLM_NO_USAGE_STATS=1",
+            "+ env DO_NOT_TRACK=1",
+            "env PATH: the engine venv's bin first",
+        ], launch.changes
+        changed = {2, rendered.index("--host") + 1, rendered.index("--port") + 1}
+        assert [a for i, a in enumerate(launch.argv) if i not in changed] == \
+            [a for i, a in enumerate(rendered) if i not in changed] + ["--load-format", "dummy"]
+
+        server = rv.RealVllm(launch, tmp_path / "vllm.log").start()
+        procs.append(server)
+        # Prometheus: the pod's discovery labels, through the PodMonitor's relabelling.
+        assert selects_namespace(pm, NS)
+        prom.register(leader["metadata"]["name"], f"127.0.0.1:{port}",
+                      rv.pod_sd_labels(leader, "engine", pm["spec"]["podMetricsEndpoints"][0]["port"]))
+        up_s = server.wait_healthy(400)
+        mark(f"vllm serve healthy after {up_s:.0f}s")
+        t_req = time.monotonic()
+        out = server.complete(served, "The operator plans a layout for", max_tokens=16)
+        mark(f"/v1/completions: {out['usage']} in {time.monotonic() - t_req:.2f}s")
+        assert out["model"] == served and out["usage"]["completion_tokens"] == 16 and out["choices"][0]["text"]
+
+        series = _wait(lambda: prom.query(f'vllm:request_success_total{{namespace="{NS}"}}'), 30,
+                       "the real server's series in Prometheus", prom.targets_api)
+        labels = series[0]["metric"]
+        print(f"[real-vllm] series labels in Prometheus: {labels}")
+        assert labels["namespace"] == NS and labels["meshplan_dev_deployment"] == NAME
+        assert labels["pod"] == leader["metadata"]["name"] and labels["container"] == "engine"
+        assert labels["endpoint"] == "http"
+        assert labels["job"] == f"{pm['metadata']['namespace']}/{pm['metadata']['name']}"
+        assert labels["model_name"] == served
+        assert not [k for k in labels if k.startswith("__meta")]
+
+        # Baseline: one request at a time, read by the autoscaler itself.
+        bench_dir = tmp_path / "bench"
+        bench_dir.mkdir()
+        base = rv.Bench(server, served, model_dir, bench_dir, input_len=128, output_len=32, num_prompts=12,
+                        request_rate="inf", max_concurrency=1, label="baseline").start()
+        procs.append(base)
+        ratios: list[tuple[float, float]] = []
+
+        def sample_ratios():
+            a = _auto(_get(cluster, "llmd", NAME))
+            if a.get("ttftRatio") is not None and a.get("itlRatio") is not None and (a.get("requestRate") or 0) > 0:
+                ratios.append((a["ttftRatio"], a["itlRatio"]))
+            return not base.running() and ratios
+        _wait(sample_ratios, 120, "the baseline run with the autoscaler's ratios",
+              lambda: _auto(_get(cluster, "llmd", NAME)))
+        base_res = base.wait(30)
+        # p99 of a dozen requests is noisy: the baseline is the larger of the autoscaler's readings and the
+        # load generator's own p99 (client side), each as a ratio to the SLO.
+        slo = manifest(1, 0.5)["spec"]["slo"]
+        r_ttft = max([r for r, _ in ratios] + [base_res["p99_ttft_ms"] / slo["ttftMs"]])
+        r_itl = max([r for _, r in ratios] + [base_res["p99_itl_ms"] / slo["itlMs"]])
+        up = round(min(10.0, 3 * max(r_ttft, r_itl, 0.05)), 3)
+        down = round(up / 2, 3)
+        mark(f"baseline: bench p99 TTFT {base_res['p99_ttft_ms']:.1f} ms, p99 ITL {base_res['p99_itl_ms']:.1f} ms; "
+             f"autoscaler ratios ttft <= {r_ttft:.3f}, itl <= {r_itl:.3f} -> upThreshold {up}, downThreshold {down}")
+        uid = leader["metadata"]["uid"]
+        cluster.kubectl("patch", "llmd", NAME, "-n", NS, "--type=merge", "-p", json.dumps(
+            {"spec": {"autoscaling": {"upThreshold": up, "downThreshold": down}}}))
+
+        # Load: far more concurrent requests than --max-num-seqs, so they queue inside vLLM. 1200 prompts
+        # outlast the phase (~12 req/s measured here); the generator samples them all before sending.
+        max_seqs = int(rendered[rendered.index("--max-num-seqs") + 1])
+        load = rv.Bench(server, served, model_dir, bench_dir, input_len=256, output_len=64, num_prompts=1200,
+                        request_rate="inf", max_concurrency=4 * max_seqs, label="load").start()
+        procs.append(load)
+        mark(f"load: {4 * max_seqs} concurrent requests (--max-num-seqs {max_seqs})")
+
+        def queued() -> float:
+            r = prom.query(f'sum(vllm:num_requests_waiting{{namespace="{NS}",meshplan_dev_deployment="{NAME}"}})')
+            return float(r[0]["value"][1]) if r else 0.0
+        _wait(lambda: queued() > 0, 120, "the load's requests queued in vLLM", load.tail)
+        t_load = time.monotonic()
+        t_load_wall = time.time()
+        mark("load reached the server (requests waiting)")
+        o = _wait(lambda: (lambda o: o if _auto(o).get("toReplicas", 1) >= 2 else None)(_get(cluster, "llmd", NAME)),
+                  150, "a scale-up under load", lambda: _auto(_get(cluster, "llmd", NAME)))
+        a = _auto(o)
+        mark(f"scaled up 1 -> {a['toReplicas']} {time.monotonic() - t_load:.0f}s into the load: {a['reason'][:300]}; "
+             f"observed p99 TTFT {a.get('observedTtftMs')} ms, ITL {a.get('observedItlMs')} ms, "
+             f"{a.get('requestRate')} req/s, {a.get('requestsWaiting')} waiting")
+        assert a["fromReplicas"] == 1 and a["toReplicas"] >= 2
+        assert a["observedTtftMs"] is not None and a["observedItlMs"] is not None
+        assert max(a["ttftRatio"], a["itlRatio"]) > up, a           # the real latency is above the threshold
+        assert (a.get("requestsWaiting") or 0) > 0, a                # ... with the load queued in vLLM
+        scaled_at = datetime.strptime(a["lastScaleTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        assert scaled_at.timestamp() >= t_load_wall - 1, "scaled up before the load reached the server"
+        assert a["metricsHealthy"] is True
+        peak = _wait(lambda: (lambda n: n if n >= 2 else None)(len({p["metadata"]["labels"]["meshplan.dev/replica"]
+                                                                for p in _pods(cluster) if _ready(p)})),
+                     60, "the new replicas' (kwok) pods Ready", lambda: [p["metadata"]["name"] for p in _pods(cluster)])
+        mark(f"{peak} replica groups Ready (replica 0 real, the others kwok pods)")
+        assert _get(cluster, "pod", leader["metadata"]["name"])["metadata"]["uid"] == uid, \
+            "the threshold patch or the scale-up replaced the real server's pod"
+        load.stop()
+        mark("load stopped")
+        if os.environ.get(CAPTURE_ENV):
+            Path(os.environ[CAPTURE_ENV]).write_text(server.metrics())
+
+        o = _wait(lambda: (lambda o: o if _auto(o).get("toReplicas") == 1 and
+                           (o.get("status") or {}).get("desiredReplicas") == 1 else None)(_get(cluster, "llmd", NAME)),
+                  30 + DOWN_WINDOW_S + 60, "the scale-down to 1 after the load",
+                  lambda: _auto(_get(cluster, "llmd", NAME)))
+        a = _auto(o)
+        mark(f"scaled down -> 1: {a['reason'][:300]}")
+        assert a["metricsHealthy"] is True
+        t_scaled = datetime.strptime(a["lastScaleTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        assert t_scaled > scaled_at and a["fromReplicas"] >= 2
+        assert server.proc.poll() is None, "the real server died during the test"
+        print("[real-vllm] timeline: " + "; ".join(f"{w} @ {s:.0f}s" for w, s in marks))
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        cluster.kubectl("delete", "llmd", "--all", "-n", NS, "--wait=true", "--timeout=60s", check=False)
+        cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
