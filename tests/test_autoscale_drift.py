@@ -121,7 +121,8 @@ def test_replan_action_suggests_once_and_adopts_only_on_drift():
     assert drift.replan_action("manual", "TP2", None, None) is None
     assert drift.replan_action("manual", "TP2", "TP4", None) == "suggest"
     assert drift.replan_action("manual", "TP2", "TP4", "TP4") is None        # told already
-    assert drift.replan_action("onDrift", "TP2", "TP4", "TP4") == "adopt"
+    assert drift.replan_action("onDrift", "TP2", "TP4", None) == "adopt"
+    assert drift.replan_action("onDrift", "TP2", "TP4", "TP4") is None        # adopted already
 
 
 def test_observed_document_and_restart_round_trip():
@@ -178,3 +179,56 @@ def test_changing_spec_replan_does_not_change_the_plan_key():
     assert spec_key(a) == spec_key(b)
     with pytest.raises(Exception):
         LLMDeploymentSpec.model_validate({"model": {"name": "llama-3.1-8b"}, "replan": "always"})
+
+
+def _autoscaler_with(events: list, enqueued: list):
+    """An Autoscaler on a stand-in reconciler (events recorded, an empty fleet): only the drift wiring runs."""
+    from types import SimpleNamespace
+
+    from meshplan.controller.autoscaling import Autoscaler
+    from meshplan.topology import build_topology
+
+    async def event(body, type_, reason, message):
+        events.append((reason, message))
+
+    rec = SimpleNamespace(plans={}, plans_moved=set(), autoscaler_conditions={}, _event=event,
+                          world=SimpleNamespace(topology_without=lambda ns, name: build_topology([])))
+    return Autoscaler(rec, enqueued.append)
+
+
+@pytest.mark.parametrize("mode", ["manual", "onDrift"])
+def test_drift_wiring_suggests_or_adopts_the_corrected_layout(mode):
+    import asyncio
+
+    from meshplan.api.models import LLMDeploymentSpec
+    from meshplan.autoscale.snapshot import MetricsSnapshot
+    from meshplan.controller.reconcile import plan_key
+    from meshplan.topology import build_topology
+
+    events, enqueued = [], []
+    a = _autoscaler_with(events, enqueued)
+    key, uid = ("ns", "demo"), "uid-1"
+    a.uids[key] = uid
+    a.corrections[uid] = Correction(itl=2.0, ttft=2.0, updated_at=1.0, evaluations=5)
+    corrected = object()
+    a._corrected_plan = lambda k, spec, corr: ("TP4", corrected)      # the planner itself is tested above
+    spec = LLMDeploymentSpec.model_validate({"model": {"name": "llama-3.1-70b"}, "replan": mode,
+                                             "slo": {"itlMs": 40}})
+    body = {"metadata": {"name": "demo", "namespace": "ns", "uid": uid},
+            "status": {"plan": {"layout": "TP2", "gpusPerReplica": 2,
+                                "predicted": {"ttftMs": 300.0, "itlMs": 28.9}}, "readyReplicas": 1}}
+    snap = MetricsSnapshot(ok=True, ttft_s=0.9, itl_s=0.06, sample_time=1.0)
+    extra = {"itl_p50_s": 0.0578, "ttft_p50_s": 0.6, "itl_p99_s": 0.06, "ttft_p99_s": 0.9,
+             "generation_tokens_per_s": 100.0}
+    for _ in range(2):
+        doc, cond = asyncio.run(a._observed_status(key, uid, body, spec, snap, extra, 10.0))
+    assert cond[1:3] == ("True", "ObservedSlowerThanPredicted")
+    assert doc["replanLayout"] == "TP4" and doc["tokensPerSecondPerGpu"] == 50.0
+    if mode == "manual":
+        assert [r for r, _ in events] == ["ReplanSuggested"]          # once, not at every evaluation
+        assert "TP2 would become TP4" in events[0][1]
+        assert a.reconciler.plans == {} and not enqueued
+    else:
+        assert [r for r, _ in events] == ["ReplanOnDrift"]                 # adopted once
+        assert a.reconciler.plans[uid] == (plan_key(spec, build_topology([])), corrected)
+        assert uid in a.reconciler.plans_moved and enqueued == [key]

@@ -166,12 +166,13 @@ def corrected_predictor(c: Correction, base: Callable[..., Any] | None = None) -
 def replan_action(mode: str, current_layout: str | None, corrected_layout: str | None,
                   already_told: str | None) -> str | None:
     """What a re-plan with the corrected figures calls for: None (same layout, none found, or this
-    suggestion was already made), "suggest" (event only: spec.replan manual), "adopt" (onDrift)."""
+    layout was already suggested or adopted), "suggest" (event only: spec.replan manual), "adopt"
+    (onDrift)."""
     if not current_layout or not corrected_layout or corrected_layout == current_layout:
         return None
-    if mode == "onDrift":
-        return "adopt"
-    return None if already_told == corrected_layout else "suggest"
+    if already_told == corrected_layout:
+        return None          # said (or adopted) already; the caller forgets it once the layouts agree
+    return "adopt" if mode == "onDrift" else "suggest"
 
 
 # ---- status.observed ---------------------------------------------------------------------------

@@ -745,6 +745,8 @@ class Autoscaler:
             action = replan_action(getattr(spec, "replan", "manual"), current, layout, self.replan_told.get(key))
             if layout and layout != current:
                 replan_layout = layout
+            elif layout == current:
+                self.replan_told.pop(key, None)        # the running layout is the corrected one (adopted)
             if action is not None:
                 self.replan_told[key] = layout
                 why = (f"observed latency is x{corr.itl:.3g} (ITL) / x{corr.ttft:.3g} (TTFT) the plan's prediction; "
