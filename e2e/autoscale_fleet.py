@@ -29,7 +29,7 @@ from meshplan.render.workloads import LABEL_DEPLOYMENT
 class FollowingFleet:
     def __init__(self, cluster: Any, namespace: str, deployment: str, *, rps: float = 0.0,
                  ttft_target_s: float = 1.0, itl_target_s: float = 0.025, follow_s: float = 1.0,
-                 scrape: Any = None) -> None:
+                 scrape: Any = None, model: Any = None) -> None:
         import importlib.util
         from pathlib import Path
 
@@ -39,7 +39,7 @@ class FollowingFleet:
         self.cluster, self.namespace, self.deployment = cluster, namespace, deployment
         self.engine = exporter.SyntheticEngine(
             labels={"namespace": namespace, "meshplan_dev_deployment": deployment},
-            ttft_target_s=ttft_target_s, itl_target_s=itl_target_s, rps=rps, replicas=0,
+            ttft_target_s=ttft_target_s, itl_target_s=itl_target_s, rps=rps, replicas=0, model=model,
             seed=hash((namespace, deployment)) & 0xFFFF)
         self.server = exporter.make_server(self.engine)
         self.port = self.server.server_address[1]
@@ -158,3 +158,16 @@ class OwnPrometheus:
 
 
 __all__ = ["FollowingFleet", "OwnPrometheus"]
+
+
+def scaled_prediction_model(predicted: dict[str, Any], k: float, output_tokens: int) -> Any:
+    """A `ReplicaModel` whose engine runs `k` x the plan's prediction (status.plan.predicted: ttftMs,
+    itlMs) at any load: a fake engine for the drift e2e (issue 20), standing in for a real engine
+    that is k times slower than predicted (a CPU engine against a GPU plan). No tails (p50 = p99 =
+    the mean), batch slots enough that the load never queues."""
+    from meshplan.autoscale.queueing import ReplicaModel
+
+    return ReplicaModel(tpot_base_s=k * predicted["itlMs"] / 1000.0, tpot_per_seq_s=0.0,
+                        prefill_s=k * predicted["ttftMs"] / 1000.0, prefill_per_seq_s=0.0, max_num_seqs=100000,
+                        output_tokens=output_tokens, ttft_tail_factor=1.0, itl_tail_factor=1.0,
+                        source="e2e: k x the plan's prediction")

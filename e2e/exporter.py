@@ -11,6 +11,7 @@ Per replica (label `pod="<deployment>-<i>"`, like one scrape target per pod):
   vllm:time_to_first_token_seconds  histogram  one observation per request
   vllm:inter_token_latency_seconds  histogram  `itl_samples_per_request` per request
   vllm:request_success_total        counter
+  vllm:generation_tokens_total      counter  output tokens (the model's output_tokens per request)
   vllm:num_requests_running         gauge
   vllm:num_requests_waiting         gauge
 plus constant labels given with --label (e.g. namespace=..., meshplan_dev_deployment=...),
@@ -104,6 +105,10 @@ class SyntheticEngine:
                               names, buckets=itl_buckets, registry=self.registry)
         self._success = Counter("vllm:request_success", "Count of successfully processed requests.", names,
                                 registry=self.registry)
+        # vLLM V1's output-token counter (vllm/v1/metrics/loggers.py: "vllm:generation_tokens"; the
+        # client library adds `_total`): status.observed's tokens/s reads it
+        self._gen_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.", names,
+                                   registry=self.registry)
         self._running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", names,
                               registry=self.registry)
         self._waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", names,
@@ -129,11 +134,12 @@ class SyntheticEngine:
             raise ValueError(f"replicas must be >= 0, got {n!r}")
         with self._lock:
             for i in range(n, self.replicas):  # replicas going away take their series with them
-                for metric in (self._ttft, self._itl, self._success, self._running, self._waiting):
+                for metric in (self._ttft, self._itl, self._success, self._gen_tokens, self._running, self._waiting):
                     metric.remove(*self._label_values(i))
             for i in range(self.replicas, n):  # new replicas export zeros from the start
                 lv = self._label_values(i)
                 self._success.labels(*lv)
+                self._gen_tokens.labels(*lv)
                 self._running.labels(*lv).set(0)
                 self._waiting.labels(*lv).set(0)
                 self._ttft.labels(*lv)
@@ -175,6 +181,7 @@ class SyntheticEngine:
                     for _ in range(self.itl_samples):
                         itl_h.observe(itl_floor + self.rng.expovariate(1 / itl_tail) if itl_tail > 0 else itl_floor)
                 self._success.labels(*lv).inc(done)
+                self._gen_tokens.labels(*lv).inc(done * self.model.output_tokens)
                 self._running.labels(*lv).set(round(lat.running))
                 self._waiting.labels(*lv).set(round(self.backlog / n))
             self.last = {"ttft_p99_s": lat.ttft_p99_s, "itl_p99_s": lat.itl_p99_s, "per_replica_rps": step.per_replica_rps}

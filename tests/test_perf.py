@@ -231,3 +231,31 @@ def test_all_to_all_latency_grows_with_the_peers_it_signals():
     assert extra[8] == pytest.approx(DS.moe_layers * 2 * 2.0e-3 * 7)
     assert extra[64] == pytest.approx(DS.moe_layers * 2 * 2.0e-3 * 63)
     assert FITTED_PARAMS.a2a_peer_us > 0
+
+
+def test_single_request_long_prompt_decodes_without_prompt_landing():
+    """Issue 20: at concurrency 1 no other request exists, so no other prompt lands in the decode steps.
+    The old model priced a share of the steps as carrying a whole prompt anyway and put a lone
+    100k-token request on Llama-3.1-8B / H100 at 23.9 ms TPOT, about twice what reading the weights and
+    its KV cache costs. Decode-only physics: going from a 128-token to a 100,000-token context adds the
+    extra KV reads, (100,000 - 128) x 128 KiB / (HBM x attn_eff) = 5.6 ms, and nothing else."""
+    from meshplan.catalog.gpus import get_gpu
+    from meshplan.planner import memory as mem
+    from meshplan.planner.calibration import FITTED_PARAMS
+    from meshplan.planner.perf import predict
+    from meshplan.planner.types import Layout, Workload
+
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("h100_sxm")
+
+    def tpot(isl, concurrency):
+        return predict(model, gpu, Layout(tp=1), Workload(isl=isl, osl=512), weight_dtype="bf16",
+                       kv_dtype="bf16", engine="vllm", concurrency=concurrency).tpot_ms
+
+    short, long = tpot(128, 1), tpot(100_000, 1)
+    kv_tok = mem.kv_bytes_per_token(model, Layout(tp=1), "bf16")
+    assert kv_tok == 32 * 8 * 128 * 2 * 2                  # 32 layers x 8 KV heads x 128 dims x K,V x bf16
+    kv_read_ms = (100_000 - 128) * kv_tok / (gpu.hbm_tb_s * 1e12 * FITTED_PARAMS.attn_eff) * 1e3
+    assert long - short == pytest.approx(kv_read_ms, rel=0.05), (short, long, kv_read_ms)
+    assert long < 1.5 * short + kv_read_ms                  # nowhere near the old 2x
+    # with other requests running, their prompts do land in the steps and lengthen TPOT
+    assert tpot(100_000, 2) > long * 1.05

@@ -29,11 +29,6 @@ GPT = get_model("gpt-moe-1.8t")
 READING_SPEED = 20.0          # tokens/s/user, the blog's reading speed
 WORKLOAD = Workload(isl=1024, osl=256)
 
-PERF_PP = ("perf.predict prices PP exactly like DP at the same per-GPU load: TPOT = pp x stage time of "
-           "b_run/(attn_dp*pp) tokens, so EP16PP4's curve coincides with EP16DP4's (no interactivity gain); "
-           "NVIDIA's AIConfigurator 0.12.0 agrees to 0.1%: python benchmarks/pp_vs_dp.py --aiconfigurator")
-
-
 def curve(tp: int, ep: int, pp: int, chunks=None):
     space = SearchSpace(tensor=tp, expert=ep, pipeline=pp, weight_dtype="fp4", kv_dtype="fp8")
     if chunks:
@@ -57,16 +52,27 @@ def test_fp4_weights_need_at_least_5_gpus():
     assert all(r.reason.startswith("memory:") for r in res.rejected if r.layout.gpus_per_replica <= 4)
 
 
-@pytest.mark.xfail(strict=True, reason=PERF_PP)
-def test_ep16pp4_trades_little_throughput_for_much_interactivity_vs_ep16dp4():
+def test_ep16pp4_buys_no_interactivity_over_ep16dp4_at_the_same_per_gpu_load():
+    """The seed claim (EP16PP4 gives >= 1.5x the tokens/s/user of EP16DP4 at <= 20% less tokens/s/GPU),
+    restated from the physics (issue 20): a pipeline stage holds 1/pp of the layers for one microbatch,
+    so at the same sequences per GPU PP4 and DP4 price alike. Our model: EP16DP4 at reading speed runs
+    340.6 tokens/s/GPU at 21.3 tokens/s/user; no EP16PP4 point at >= 0.8x that throughput is faster per
+    user (21.27 against 21.29). NVIDIA's AIConfigurator 0.12.0 agrees to 0.1% (PP4 against PP1, EP8 on
+    B200): `python benchmarks/pp_vs_dp.py --aiconfigurator`."""
     dp4 = best_at(curve(1, 16, 1), READING_SPEED)
     assert dp4.layout.dp == 4
+    assert dp4.prediction.tokens_per_s_per_gpu == pytest.approx(340.6, rel=0.03), dp4.prediction
+    assert dp4.prediction.tokens_per_s_per_user == pytest.approx(21.3, rel=0.03), dp4.prediction
     pp4 = curve(1, 16, 4)
-    need_user = 1.5 * dp4.prediction.tokens_per_s_per_user
-    need_gpu = 0.8 * dp4.prediction.tokens_per_s_per_gpu
-    assert any(c.prediction.tokens_per_s_per_user >= need_user and c.prediction.tokens_per_s_per_gpu >= need_gpu
-               for c in pp4), (f"EP16DP4 at {dp4.prediction}; EP16PP4 needs >= {need_user:.1f} tokens/s/user at "
-                               f">= {need_gpu:.1f} tokens/s/GPU")
+    near = [c for c in pp4 if c.prediction.tokens_per_s_per_gpu >= 0.8 * dp4.prediction.tokens_per_s_per_gpu]
+    assert near, "EP16PP4 has no point within 20% of EP16DP4's throughput"
+    fastest = max(c.prediction.tokens_per_s_per_user for c in near)
+    # PP buys no interactivity: at most the hops' rounding above DP's, nowhere near the claimed 1.5x
+    assert fastest <= 1.01 * dp4.prediction.tokens_per_s_per_user, (fastest, dp4.prediction)
+    assert fastest < 1.5 * dp4.prediction.tokens_per_s_per_user
+    # and its own best point at reading speed is DP4's, to 1%
+    pp_best = best_at(pp4, READING_SPEED)
+    assert pp_best.prediction.tokens_per_s_per_gpu == pytest.approx(dp4.prediction.tokens_per_s_per_gpu, rel=0.01)
 
 
 def test_pipeline_stages_price_like_replicas_at_the_same_sequences_per_gpu():
@@ -94,12 +100,6 @@ def test_tp4ep4pp4_doubles_throughput_of_tp64_at_no_less_interactivity():
     assert best.prediction.tokens_per_s_per_gpu >= 2.0 * t.tokens_per_s_per_gpu, (best.prediction, t)
 
 
-CHUNK = ("with other requests' prompts priced as whole chunks landing in a share of the decode steps "
-         "(perf._core), a 256-token chunk packs them into the memory-bound slack of TP2EP16PP2's steps and "
-         "edges out 512 (358.0 against 351.8 tokens/s/GPU at 1,024 sequences, 22.4 and 22.0 tokens/s/user); "
-         "the claim held before only as a tie of every chunk >= 256")
-
-
 def _best_by_chunk():
     cands = curve(2, 16, 2)
     by_chunk = {}
@@ -110,12 +110,17 @@ def _best_by_chunk():
     return by_chunk
 
 
-@pytest.mark.xfail(strict=True, reason=CHUNK)
-def test_best_chunk_for_tp2ep16pp2_at_reading_speed_is_between_512_and_2048():
+def test_best_chunk_for_tp2ep16pp2_at_reading_speed_is_within_5_percent_of_the_best_of_256_to_2048():
+    """The chunk claim restated (issue 20): the seeds put the best chunk in 512-2048; what holds is that
+    the choice inside 256-2048 moves throughput at reading speed by under 5% (256: 358.0, 512: 351.8,
+    1,024: 347.2, 2,048: 347.1 tokens/s/GPU) and no chunk outside it beats that range's best by more."""
     by_chunk = _best_by_chunk()
-    in_range = max(v for k, v in by_chunk.items() if 512 <= k <= 2048)
-    # the best throughput at reading speed is reached inside 512..2048 (ties with larger chunks allowed)
-    assert all(in_range >= v for v in by_chunk.values()), by_chunk
+    in_range = {k: v for k, v in by_chunk.items() if 256 <= k <= 2048}
+    assert set(in_range) == {256, 512, 1024, 2048}, by_chunk
+    best_in_range = max(in_range.values())
+    assert max(by_chunk.values()) <= 1.05 * best_in_range, by_chunk
+    assert min(in_range.values()) >= 0.95 * best_in_range, by_chunk
+    assert best_in_range == pytest.approx(358.0, rel=0.03), by_chunk
 
 
 def test_a_128_token_chunk_cannot_keep_up_with_tp2ep16pp2s_prefill_at_reading_speed():

@@ -1418,6 +1418,13 @@ class LLMDeploymentSpec(ApiModel):
         "ignored beyond the starting point while autoscaling.enabled is true.",
     )
     autoscaling: AutoscalingSpec = _section(AutoscalingSpec, description="SLO-driven replica autoscaling.")
+    replan: Literal["manual", "onDrift"] = Field(
+        default="manual",
+        description="What meshplan does when the observed latencies (status.observed) drift from the plan's "
+        "predictions so far that a re-plan with the corrected figures would choose another layout: manual "
+        "(default) only says so (event ReplanSuggested, status.observed.replanLayout); onDrift adopts that "
+        "layout through the normal make-before-break path (new groups first). Needs autoscaling (its Prometheus).",
+    )
     nccl: NcclSpec = _section(NcclSpec, description="NCCL transport and environment.")
     resources: ResourcesSpec | None = Field(
         default=None, description="CPU, memory and ephemeral-storage requests/limits of the engine containers, "
@@ -1576,6 +1583,32 @@ class AutoscalingStatus(ApiModel):
     watching_since: datetime | None = Field(default=None, strict=False, description="When the autoscaler first had valid metrics for this deployment; its initial burst assumption (+150 %) halves every 4 h from then.")
 
 
+class ObservedStatus(ApiModel):
+    """What the engines' Prometheus shows next to what the plan predicted (meshplan.autoscale.drift)."""
+
+    time: datetime | None = Field(default=None, strict=False, description="When these were read.")
+    percentile: float | None = Field(default=None, ge=0, le=100, description="The SLO's percentile (ttftMs, itlMs).")
+    ttft_ms: float | None = Field(default=None, ge=0, description="Observed TTFT at the SLO percentile, milliseconds.")
+    itl_ms: float | None = Field(default=None, ge=0, description="Observed inter-token latency at the SLO percentile, milliseconds.")
+    ttft_p50_ms: float | None = Field(default=None, ge=0, description="Observed TTFT p50, milliseconds.")
+    ttft_p99_ms: float | None = Field(default=None, ge=0, description="Observed TTFT p99, milliseconds.")
+    itl_p50_ms: float | None = Field(default=None, ge=0, description="Observed ITL p50, milliseconds.")
+    itl_p99_ms: float | None = Field(default=None, ge=0, description="Observed ITL p99, milliseconds.")
+    tokens_per_second_per_gpu: float | None = Field(default=None, ge=0, description="Observed output tokens/s over the ready replicas' GPUs (the engine's generation-token counter; absent for engines without one).")
+    tokens_per_second_per_user: float | None = Field(default=None, ge=0, description="Observed tokens/s of one stream, 1 / ITL p50.")
+    predicted_ttft_ms: float | None = Field(default=None, ge=0, description="The plan's predicted TTFT, milliseconds.")
+    predicted_itl_ms: float | None = Field(default=None, ge=0, description="The plan's predicted ITL, milliseconds.")
+    predicted_tokens_per_second_per_gpu: float | None = Field(default=None, ge=0, description="The plan's predicted tokens/s per GPU.")
+    predicted_tokens_per_second_per_user: float | None = Field(default=None, ge=0, description="The plan's predicted tokens/s per user.")
+    itl_correction: float | None = Field(default=None, ge=0, description="Learned observed/predicted ITL factor (p50 against the prediction; bounded 0.1..1000, decays toward 1 without observations, half-life 6 h). The autoscaler's per-replica capacity uses it.")
+    ttft_correction: float | None = Field(default=None, ge=0, description="The same for TTFT.")
+    correction_evaluations: int | None = Field(default=None, ge=0, description="Evaluations the factors were learned from.")
+    correction_time: datetime | None = Field(default=None, strict=False, description="When the factors were last updated.")
+    capacity_rps: float | None = Field(default=None, ge=0, description="Requests/s per replica the autoscaler sizes with: the planner's capacity with the corrected latencies (Little's law at the planned concurrency).")
+    predicted_capacity_rps: float | None = Field(default=None, ge=0, description="The same from the uncorrected prediction.")
+    replan_layout: str | None = _str("The layout a re-plan with the corrected figures would choose, when it differs from the running one.", 256, default=None)
+
+
 class LLMDeploymentStatus(ApiModel):
     """Observed state, written only by meshplan."""
 
@@ -1593,6 +1626,7 @@ class LLMDeploymentStatus(ApiModel):
     desired_replicas: int | None = Field(default=None, ge=0, description="Replicas meshplan is driving toward.")
     selector: str | None = _str("Label selector of the replicas' pods (for the scale subresource).", 1024, default=None)
     autoscaling: AutoscalingStatus | None = Field(default=None, description="Last autoscaling decision.")
+    observed: ObservedStatus | None = Field(default=None, description="Observed latencies and throughput next to the plan's predictions, and the learned correction (written by the autoscaler).")
     serving_since: datetime | None = Field(default=None, strict=False, description="When a replica of this deployment was first ready; kept afterwards. A deployment that has served gets free GPUs before one that never has (placement.incumbency_rank).")
 
     def condition(self, type_: str) -> Condition | None:

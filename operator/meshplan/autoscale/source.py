@@ -177,6 +177,25 @@ class PrometheusSource:
     async def fetch_async(self, queries: QuerySet, now: float | None = None) -> MetricsSnapshot:
         return await asyncio.to_thread(self.fetch, queries, now)
 
+    def fetch_values(self, queries: dict[str, str], now: float | None = None) -> dict[str, float | None]:
+        """Evaluate extra scalar queries (status.observed's p50/p99, tokens/s) at `now`: each value,
+        or None when it has no series, is not finite, or its query failed (these only inform
+        status; the decision rests on `fetch`)."""
+        eval_time = self._clock() if now is None else now
+        out: dict[str, float | None] = {}
+        for name, q in queries.items():
+            try:
+                v = self._scalar(name, q, eval_time, allow_empty=True)
+            except _QueryProblem:
+                v = None
+            except Exception:  # noqa: BLE001 - never an exception into the controller
+                v = None
+            out[name] = v if isinstance(v, float) and math.isfinite(v) else None
+        return out
+
+    async def fetch_values_async(self, queries: dict[str, str], now: float | None = None) -> dict[str, float | None]:
+        return await asyncio.to_thread(self.fetch_values, queries, now)
+
     def _scalar(self, name: str, query: str, eval_time: float, allow_empty: bool) -> float | object:
         where = f"Prometheus {self.label}"
         try:

@@ -90,6 +90,19 @@ from typing import Any, Callable, Mapping
 import kopf
 
 from meshplan.autoscale.capacity import replica_capacity
+from meshplan.autoscale.drift import (
+    REPLAN_ADOPTED,
+    REPLAN_SUGGESTED,
+    Correction,
+    corrected_capacity,
+    corrected_predictor,
+    correction_from_status,
+    drift_condition,
+    observed_document,
+    observed_queries,
+    replan_action,
+    update_correction,
+)
 from meshplan.autoscale.policy import (
     COND_SCALING_ACTIVE,
     AutoscaleConfig,
@@ -279,6 +292,28 @@ def queries_for(spec: Any, namespace: str, name: str) -> QuerySet:
     return build_queries(spec.engine.kind, scope_matchers(namespace, name), percentile=percentile,
                          window=window_from_seconds(rate_window_s(spec.autoscaling.up_window_seconds)),
                          overrides=overrides)
+
+
+def observed_queries_for(spec: Any, namespace: str, name: str, queries: QuerySet) -> dict[str, str]:
+    """status.observed's extra PromQL (p50/p99, tokens/s), scoped and windowed like `queries_for`."""
+    m = spec.autoscaling.metrics
+    overrides = MetricOverrides(ttft_histogram=m.ttft_histogram, itl_histogram=m.itl_histogram,
+                                queue_gauge=m.requests_waiting, running_gauge=m.requests_running,
+                                requests_counter=m.requests_completed, kv_usage_gauge=m.kv_cache_usage)
+    return observed_queries(queries, spec.engine.kind, scope_matchers(namespace, name), queries.window, overrides)
+
+
+def observed_needs_write(previous: Mapping[str, Any] | None, new: Mapping[str, Any], moved: float = 0.02) -> bool:
+    """Write status.observed (besides the autoscaling refresh) while a factor still moves by more than
+    `moved` (so its convergence is visible evaluation by evaluation) or the re-plan layout changes."""
+    prev = dict(previous or {})
+    for k in ("itlCorrection", "ttftCorrection"):
+        a, b = prev.get(k), new.get(k)
+        if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or a <= 0:
+            return True
+        if abs(b / a - 1.0) > moved:
+            return True
+    return prev.get("replanLayout") != new.get("replanLayout")
 
 
 def per_replica_capacity(candidate: Any, output_tokens: int) -> tuple[float | None, float | None]:
@@ -476,15 +511,26 @@ class Autoscaler:
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     uids: dict[tuple[str, str], str] = field(default_factory=dict)
     errors: Any = field(default_factory=lambda: handlers.ErrorLog())
+    # predicted vs observed (autoscale.drift): uid -> learned correction; key -> the last chosen
+    # candidate (its prediction), the corrected re-plan (factors it was made with, layout) and the
+    # layout last suggested in an event
+    corrections: dict[str, Correction] = field(default_factory=dict)
+    choices: dict[tuple[str, str], Any] = field(default_factory=dict)
+    replans: dict[tuple[str, str], tuple[tuple[float, float], str | None, Any]] = field(default_factory=dict)
+    replan_told: dict[tuple[str, str], str] = field(default_factory=dict)
+    capacities: dict[tuple[str, str], tuple[float | None, float | None]] = field(default_factory=dict)
 
     def due(self, key: tuple[str, str], now_mono: float) -> bool:
         last = self.last_eval.get(key)
         return last is None or now_mono - last >= self.intervals.get(key, MAX_INTERVAL_S)
 
     def forget(self, key: tuple[str, str]) -> None:
-        for d in (self.conditions, self.last_eval, self.intervals, self.locks):
+        for d in (self.conditions, self.last_eval, self.intervals, self.locks, self.choices, self.replans,
+                  self.replan_told, self.capacities):
             d.pop(key, None)
-        self.states.pop(self.uids.pop(key, ""), None)
+        uid = self.uids.pop(key, "")
+        self.states.pop(uid, None)
+        self.corrections.pop(uid, None)
         self.reconciler.autoscaler_conditions.pop(key, None)
 
     def allowed_endpoints(self) -> dict[str, str]:
@@ -556,6 +602,7 @@ class Autoscaler:
                                            status.get("readyReplicas"), stored_plan, status.get("plan"))
         now = self.clock()
         snapshot = MetricsSnapshot.failed(METRICS_UNAVAILABLE, "not evaluated", now)
+        extra: dict[str, float | None] = {}
         if isinstance(capacity, str):
             decision = held_decision(state, NO_PLAN, capacity)
         else:
@@ -575,17 +622,28 @@ class Autoscaler:
                         snapshot = MetricsSnapshot.failed(METRICS_UNAVAILABLE, picked, now)
                     else:
                         snapshot = await self._source(picked[1], picked[0]).fetch_async(queries, now)
+                        if snapshot.ok:
+                            extra = await self._source(picked[1], picked[0]).fetch_values_async(
+                                observed_queries_for(spec, namespace, name, queries), now)
+                    capacity = self._observe(key, uid, spec, status, snapshot, extra, capacity, now)
                     decision = decide(state, snapshot, config, capacity, now)
 
         self.states[uid] = decision.state
         now_dt = datetime.fromtimestamp(now, timezone.utc)
         doc = status_document(decision, snapshot, now_dt, prev_auto)
+        observed_doc, drift_cond = None, None
+        if uid in self.corrections and not isinstance(capacity, str):
+            observed_doc, drift_cond = await self._observed_status(key, uid, body, spec, snapshot, extra, now)
         wrote = False
-        if needs_write(prev_auto, doc, now_dt):
-            await kube.patch_status(API_VERSION, KIND, namespace, name, {"autoscaling": doc})
+        prev_obs = status.get("observed") or {}
+        if needs_write(prev_auto, doc, now_dt) or (observed_doc is not None and observed_needs_write(prev_obs, observed_doc)):
+            patch = {"autoscaling": doc}
+            if observed_doc is not None:
+                patch["observed"] = observed_doc
+            await kube.patch_status(API_VERSION, KIND, namespace, name, patch)
             wrote = True
         before = self.conditions.get(key, {})
-        after = merge_conditions(before, decision.condition_tuples())
+        after = merge_conditions(before, decision.condition_tuples() + ([drift_cond] if drift_cond else []))
         self.conditions[key] = after
         self.reconciler.autoscaler_conditions[key] = tuple(after.values())
         conditions_changed = {t: c[1:3] for t, c in before.items()} != {t: c[1:3] for t, c in after.items()}
@@ -624,6 +682,7 @@ class Autoscaler:
                                      node_selector=selector)
         groups = [g for g in live_groups(pods).values() if g.complete() and all(g.nodes())]
         existing = {pos: [n or "" for n in g.nodes()] for pos, g in enumerate(groups[:current])}
+        self.choices[(namespace, name)] = plan.choice
         rps, concurrency = per_replica_capacity(plan.choice, spec.workload.output_tokens)
         try:
             cfg = config_from_spec(spec, request.gpus_per_replica)
@@ -638,6 +697,109 @@ class Autoscaler:
         own = [(p.node, p.gpus) for g in groups for p in g.pods.values() if p.node]
         free = topo.with_usage(own).free_gpus_by_domain()
         return replace(cap, free_gpus_by_domain=tuple(sorted(free.items())))
+
+    def _observe(self, key: tuple[str, str], uid: str, spec: Any, status: Mapping[str, Any],
+                 snapshot: MetricsSnapshot, extra: Mapping[str, float | None], capacity: Any,
+                 now: float) -> Any:
+        """Fold this evaluation's observed p50 latencies into the deployment's correction (restored
+        from status.observed after a restart) and return the capacity the correction implies."""
+        if isinstance(capacity, str):
+            return capacity
+        choice = self.choices.get(key)
+        pred = getattr(choice, "prediction", None)
+        prev = self.corrections.get(uid)
+        if prev is None:
+            prev = correction_from_status(status.get("observed"))
+        itl50, ttft50 = (extra.get("itl_p50_s"), extra.get("ttft_p50_s")) if snapshot.ok else (None, None)
+        corr = update_correction(
+            prev, observed_itl_ms=None if itl50 is None else itl50 * 1000.0,
+            predicted_itl_ms=getattr(pred, "tpot_ms", None),
+            observed_ttft_ms=None if ttft50 is None else ttft50 * 1000.0,
+            predicted_ttft_ms=getattr(pred, "ttft_ms", None), now=now)
+        self.corrections[uid] = corr
+        if pred is None or not corr.learned:
+            self.capacities[key] = (capacity.requests_per_s_at_slo, capacity.requests_per_s_at_slo)
+            return capacity
+        rps, conc = corrected_capacity(pred, spec.workload.output_tokens, corr)
+        self.capacities[key] = (rps, capacity.requests_per_s_at_slo)
+        return replace(capacity, requests_per_s_at_slo=rps, concurrency_at_slo=conc)
+
+    async def _observed_status(self, key: tuple[str, str], uid: str, body: Mapping[str, Any], spec: Any,
+                               snapshot: MetricsSnapshot, extra: Mapping[str, float | None],
+                               now: float) -> tuple[dict[str, Any], tuple[str, str, str, str]]:
+        """status.observed and the PredictionDrift condition; on drift, the re-plan with the corrected
+        figures: an event when it chooses another layout, and with spec.replan onDrift its adoption."""
+        corr = self.corrections[uid]
+        cond = drift_condition(corr)
+        status = body.get("status") or {}
+        plan_doc = status.get("plan") or {}
+        current = plan_doc.get("layout")
+        replan_layout = None
+        if cond[1] == "True" and current:
+            tag = (round(math.log(corr.itl), 1), round(math.log(corr.ttft), 1))
+            cached = self.replans.get(key)
+            if cached is None or cached[0] != tag:
+                layout, plan = await asyncio.to_thread(self._corrected_plan, key, spec, corr)
+                self.replans[key] = cached = (tag, layout, plan)
+            layout, plan = cached[1], cached[2]
+            action = replan_action(getattr(spec, "replan", "manual"), current, layout, self.replan_told.get(key))
+            if layout and layout != current:
+                replan_layout = layout
+            elif layout == current:
+                self.replan_told.pop(key, None)        # the running layout is the corrected one (adopted)
+            if action is not None:
+                self.replan_told[key] = layout
+                why = (f"observed latency is x{corr.itl:.3g} (ITL) / x{corr.ttft:.3g} (TTFT) the plan's prediction; "
+                       f"planned again with the corrected figures, {current} would become {layout}")
+                if action == "adopt":
+                    self._adopt(key, spec, plan)
+                    await self.reconciler._event(body, "Normal", REPLAN_ADOPTED,
+                                                 f"{why}; spec.replan is onDrift: adopting it (new groups first)")
+                    self.enqueue(key)
+                else:
+                    await self.reconciler._event(body, "Normal", REPLAN_SUGGESTED,
+                                                 f"{why}; spec.replan is manual: not changed (set spec.replan: "
+                                                 "onDrift to let meshplan adopt it)")
+        ready = status.get("readyReplicas")
+        gpus = plan_doc.get("gpusPerReplica")
+        gpus_serving = ready * gpus if isinstance(ready, int) and isinstance(gpus, int) and ready > 0 else None
+        doc = observed_document(
+            percentile=float(spec.slo.percentile) if spec.slo is not None else 99.0,
+            at_slo={"ttft_s": snapshot.ttft_s, "itl_s": snapshot.itl_s} if snapshot.ok else {},
+            p50={"ttft_s": extra.get("ttft_p50_s"), "itl_s": extra.get("itl_p50_s")},
+            p99={"ttft_s": extra.get("ttft_p99_s"), "itl_s": extra.get("itl_p99_s")},
+            generation_tokens_per_s=extra.get("generation_tokens_per_s"), gpus_serving=gpus_serving,
+            predicted=plan_doc.get("predicted"), correction=corr, replan_layout=replan_layout, now=now,
+            capacity_rps=self.capacities.get(key, (None, None))[0],
+            predicted_capacity_rps=self.capacities.get(key, (None, None))[1])
+        return doc, cond
+
+    def _corrected_plan(self, key: tuple[str, str], spec: Any, corr: Correction) -> tuple[str | None, Any]:
+        """(layout label, plan) the planner chooses with the corrected predictor (worker thread)."""
+        from meshplan.planner import plan_for_spec
+
+        topology = self.reconciler.world.topology_without(*key)
+        try:
+            plan = plan_for_spec(spec, topology.select(dict(spec.gpus.node_selector or {})).to_fleet(),
+                                 predictor=corrected_predictor(corr))
+        except ValueError:
+            return None, None
+        if plan.choice is None:
+            return None, None
+        return plan.choice.layout.label(), plan
+
+    def _adopt(self, key: tuple[str, str], spec: Any, plan: Any) -> None:
+        """spec.replan onDrift: the corrected plan becomes the reconciler's plan for this spec and fleet
+        (same plan key, annotation rewritten, so a restart keeps it); reconcile then moves the groups
+        through its normal make-before-break path."""
+        from meshplan.controller.reconcile import plan_key
+
+        rec = self.reconciler
+        uid = self.uids.get(key, "")
+        if not uid or plan is None:
+            return
+        rec.plans[uid] = (plan_key(spec, rec.world.topology_without(*key)), plan)
+        rec.plans_moved.add(uid)
 
     async def run(self, keys: Callable[[], list]) -> None:
         """Evaluate every autoscaled object when due; at most CONCURRENT_EVALUATIONS at once.

@@ -88,6 +88,7 @@ def _planned_spec(spec: Any) -> dict[str, Any]:
     doc = spec.to_manifest()
     doc.pop("replicas", None)
     doc.pop("autoscaling", None)
+    doc.pop("replan", None)          # what to do on drift is not an input of the plan (autoscale.drift)
     return doc
 
 

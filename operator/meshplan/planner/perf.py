@@ -34,7 +34,8 @@ Algorithm (facts in ../shared/docs/planner.md, "Time" and "Communication"):
    rank, since each iteration must also carry their successors' prefill). In steady state each finished request is replaced,
    so on average an iteration also carries `B_run * ISL / OSL` prefill tokens
    (capped by the chunk budget): other requests' prefill lands in decode steps
-   and lengthens TPOT. They land as whole prompts (or chunks of one): a share
+   and lengthens TPOT (only where other requests run: a lone request decodes
+   in decode-only steps). They land as whole prompts (or chunks of one): a share
    of the iterations carries `min(chunk - decodes, ISL)` prefill tokens, the rest are
    decode-only, and TPOT is the mean (spreading them evenly would let a dense,
    memory-bound step absorb them free and make a sparse MoE step touch many
@@ -503,8 +504,15 @@ def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: in
     # prefill tokens and the rest are decode-only. Spreading them evenly would
     # under-price dense models (a memory-bound step absorbs a few extra tokens for
     # free) and over-price MoE models (a few extra tokens touch many more experts).
+    # Only OTHER requests' prompts land in a request's decode steps (its own prefill came
+    # before them, its successor's after it), so a lone request (concurrency 1, or one
+    # admitted at a time) decodes in decode-only steps (issue 20: a single long-context
+    # request was predicted at about twice its measured TPOT). With others running the
+    # fitted steady-state rate d * ISL / OSL stands: scaling it by (b_run - 1) / b_run was
+    # tried and dropped (leave-one-model-out TPOT 13.7% -> 15.6%, TTFT 33.7% -> 39.5%).
     room = max(chunk - d, 0.0)
-    p_avg = min(room, q.interference * d * isl / osl)
+    others = 0.0 if b_run <= 1 else 1.0
+    p_avg = min(room, q.interference * d * others * isl / osl)
     p_one = min(room, float(isl))
     pctx = isl / 2.0
     if p_avg <= 0.0 or p_one <= p_avg:

@@ -1,0 +1,174 @@
+"""The planner on a second, independent evidence base: public measurements outside AIConfigurator's data.
+
+    python benchmarks/evidence.py                  # committed parameters, per source / model / engine / GPU
+    python benchmarks/evidence.py --rows           # also every row, predicted against measured
+    python benchmarks/evidence.py --variant NAME   # a candidate model term (see VARIANTS), fitted
+                                                   # leave-one-source-out on the other sources
+
+Data: benchmarks/evidence/runs.csv (one measured point a row) and sources.yaml (where each source's
+figures were read, engine and version, benchmark client, how its figures are defined). Issue 20, build 1.
+
+Every row is held out by construction: the committed `FITTED_PARAMS` were fitted on the AIConfigurator
+calibration set only, so every source and every model here is one the fit never saw; the per-source
+table IS the leave-one-source-out figure for the committed model, and the per-model table its
+leave-one-model-out figure. A `--variant` adds a term with its own constant(s), which is fitted on the
+OTHER sources' rows and reported on the held-out source (true leave-one-source-out).
+
+Figures (median over rows that have the figure): TPOT, TTFT and tokens/s/GPU median absolute relative
+error, bias (median signed error), Spearman rank correlation. `tokens/s/GPU` for throughput-only rows
+(trtllm-bench) is output tokens per second per GPU at the concurrency the row names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshplan.catalog.gpus import get_gpu
+from meshplan.catalog.models import get_model
+from meshplan.planner.calibration import FITTED_PARAMS
+from meshplan.planner.perf import PerfParams, predict
+from meshplan.planner.memory import ReplicaMapping
+from meshplan.planner.types import Workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from accuracy import median, spearman  # noqa: E402
+
+HERE = Path(__file__).resolve().parent / "evidence"
+GENERATION = {"a100_sxm_40gb": "ampere", "a100_sxm_80gb": "ampere", "h100_sxm": "hopper",
+              "h200_sxm": "hopper", "b200_sxm": "blackwell", "mi300x": "cdna3"}
+METRICS = ("tpot_ms", "ttft_ms", "tokens_per_s_per_gpu")
+
+
+@dataclass(frozen=True)
+class Run:
+    source: str
+    model: str
+    gpu: str
+    engine: str
+    mapping: ReplicaMapping
+    weight_dtype: str
+    kv_dtype: str
+    isl: int
+    osl: int
+    concurrency: int
+    measured: dict
+    spec: bool
+
+
+def load(path: Path = HERE / "runs.csv") -> list[Run]:
+    out = []
+    for r in csv.DictReader(path.open()):
+        measured = {k: float(r[k]) for k in METRICS if (r.get(k) or "").strip()}
+        mapping = ReplicaMapping(attn_tp=int(r["attn_tp"]), attn_dp=int(r["attn_dp"]), moe_tp=int(r["moe_tp"]),
+                                 moe_ep=int(r["moe_ep"]), pp=int(r["pp"]))
+        out.append(Run(source=r["source"], model=r["model"], gpu=r["gpu"], engine=r["engine"], mapping=mapping,
+                       weight_dtype=r["weight_dtype"], kv_dtype=r["kv_dtype"],
+                       isl=int(r["isl"]), osl=int(r["osl"]), concurrency=int(r["concurrency"]), measured=measured,
+                       spec=r.get("spec_decoding", "no").strip().lower() not in ("", "no", "false")))
+    return out
+
+
+def predict_run(run: Run, params: PerfParams) -> dict:
+    p = predict(get_model(run.model), get_gpu(run.gpu), run.mapping,
+                Workload(isl=run.isl, osl=run.osl), weight_dtype=run.weight_dtype, kv_dtype=run.kv_dtype,
+                engine=run.engine, concurrency=run.concurrency, params=params)
+    return {"tpot_ms": p.tpot_ms, "ttft_ms": p.ttft_ms, "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu}
+
+
+def _m(m: ReplicaMapping) -> str:
+    return f"attn tp{m.attn_tp}xdp{m.attn_dp} moe tp{m.moe_tp}xep{m.moe_ep} pp{m.pp}"
+
+
+def figures(pairs: list[tuple[Run, dict]]) -> dict:
+    out = {}
+    for k in METRICS:
+        got = [(pr[k], r.measured[k]) for r, pr in pairs if k in r.measured]
+        err = [p / m - 1.0 for p, m in got]
+        out[k] = {"n": len(got), "mae": median([abs(e) for e in err]), "bias": median(err),
+                  "spearman": spearman([p for p, _ in got], [m for _, m in got])}
+    return out
+
+
+def _fmt(label: str, f: dict) -> str:
+    cells = []
+    for k, name in zip(METRICS, ("TPOT", "TTFT", "tok/s/GPU")):
+        x = f[k]
+        if not x["n"]:
+            cells.append(f"{name} {'-':>29}")
+            continue
+        sp = "  n/a" if x["spearman"] != x["spearman"] else f"{x['spearman']:5.2f}"
+        cells.append(f"{name} n={x['n']:2d} {x['mae']:6.1%} {x['bias']:+7.1%} {sp}")
+    return f"{label:<26} " + "  |  ".join(cells)
+
+
+# ---- candidate terms (issue 20 build 2): each must earn its place on held-out sources ------------
+
+def _variant_params(name: str, base: PerfParams, x: float, engine: str) -> PerfParams:
+    if name == "engine_iter_ms":      # per-engine per-step overhead (scheduler, launch, sampling) for SGLang
+        return base.with_values(iter_ms=base.iter_ms + x) if engine == "sglang" else base
+    raise KeyError(name)
+
+
+VARIANTS = {"engine_iter_ms": [0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0]}
+
+
+def _score(pairs) -> float:
+    f = figures(pairs)
+    return sum(f[k]["mae"] for k in METRICS if f[k]["n"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=HERE / "runs.csv")
+    ap.add_argument("--rows", action="store_true", help="print every row")
+    ap.add_argument("--variant", choices=sorted(VARIANTS), default=None)
+    args = ap.parse_args(argv)
+    runs = [r for r in load(args.data) if not r.spec]     # speculative decoding runs kept apart (not priced)
+    base = FITTED_PARAMS
+
+    def run_all(rs, value=None):
+        out = []
+        for r in rs:
+            q = base if value is None else _variant_params(args.variant, base, value, r.engine)
+            out.append((r, predict_run(r, q)))
+        return out
+
+    pairs = run_all(runs)
+    if args.variant:
+        held = []
+        for src in sorted({r.source for r in runs}):
+            train = [r for r in runs if r.source != src]
+            best = min(VARIANTS[args.variant], key=lambda v: _score(run_all(train, v)))
+            test = [r for r in runs if r.source == src]
+            print(f"  {args.variant}: fitted {best} on the sources other than {src}")
+            held += run_all(test, best)
+        pairs = held
+    print(f"{len(runs)} runs from {len({r.source for r in runs})} sources "
+          f"({'variant ' + args.variant + ', leave-one-source-out' if args.variant else 'committed parameters'}); "
+          "per metric: rows, median |err|, bias, Spearman")
+    groups = (("source", lambda r: r.source), ("model", lambda r: r.model), ("engine", lambda r: r.engine),
+              ("GPU generation", lambda r: GENERATION.get(r.gpu, r.gpu)))
+    for title, key in groups:
+        print(f"-- by {title} " + "-" * 80)
+        by = defaultdict(list)
+        for r, p in pairs:
+            by[key(r)].append((r, p))
+        for k in sorted(by):
+            print(_fmt(k, figures(by[k])))
+    print("=" * 120)
+    print(_fmt("ALL (held out)", figures(pairs)))
+    if args.rows:
+        for r, p in pairs:
+            cells = " ".join(f"{k.split('_')[0]} {p[k]:8.1f}/{r.measured[k]:8.1f}" for k in METRICS if k in r.measured)
+            print(f"  {r.source:<24} {r.model:<16} {r.gpu:<14} {r.engine:<6} {_m(r.mapping)} "
+                  f"{r.isl}/{r.osl} c{r.concurrency}: pred/meas {cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
