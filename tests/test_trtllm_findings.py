@@ -268,3 +268,21 @@ def test_single_node_trtllm_creates_no_secret():
 def test_the_pinned_image_is_the_1_2_1_release():
     assert DEFAULT_IMAGES["trtllm"] == "nvcr.io/nvidia/tensorrt-llm/release:1.2.1" == trtllm.DEFAULT_IMAGE
     assert get_model("deepseek-r1").num_experts == 256     # the EPLB slot arithmetic above uses a real count
+
+
+def test_enabled_eplb_reaches_the_public_render_path_with_the_models_experts():
+    """render/options.py hands the model's expert count to the engine (ServingOptions.num_experts): before, the
+    public path (`meshplan render`, the operator) rendered no load balancer and only warned."""
+    import yaml as _yaml
+
+    from meshplan.render.pipeline import plan_place_render
+
+    m = _yaml.safe_load(open("examples/deepseek-r1-h200.yaml"))
+    m["spec"]["engine"]["kind"] = "trtllm"
+    m["spec"]["engine"]["expertLoadBalancing"] = "enabled"
+    topo = build_topology(fleet_nodes(load_fleet("hgx-h200-ib")), [], ready_if_unknown=True)
+    res = plan_place_render(LLMDeployment.from_manifest(m), topo)
+    script = res.rendered.groups[0].pods[0]["spec"]["containers"][0]["args"][0]
+    options = _yaml.safe_load(script.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0])
+    ep = options["moe_expert_parallel_size"]
+    assert options["moe_config"]["load_balancer"]["num_slots"] == 256 + ep    # DeepSeek-R1: 256 routed experts

@@ -96,6 +96,7 @@ def options_from_spec(spec: Any, model_arch: Any = None) -> tuple[ServingOptions
         scheduling_policy=engine.scheduling_policy,
         expert_load_balancing=engine.expert_load_balancing,
         cuda_graphs=engine.cuda_graphs,
+        num_experts=getattr(model_arch, "num_experts", 0) or 0,   # TensorRT-LLM's EPLB slots (engines.trtllm)
         max_model_len=planned_context(spec.workload),
         max_model_len_why=("spec.workload.maxContext" if spec.workload.max_context else
                            f"spec.workload.inputTokens {spec.workload.input_tokens} + outputTokens "
