@@ -12,6 +12,13 @@ CUDA platform (sglang/srt/platforms/cuda.py CudaSRTPlatform) and utils ask: torc
 device_count, get_device_name, get_device_capability, get_device_properties (total_memory, name,
 major, minor), mem_get_info, set_device, current_device. Simulated, not real: it only fixes what the
 device reports.
+
+The one stand-in beyond the device: `sgl_kernel` (sglang-kernel, SGLang's compiled CUDA ops) cannot load
+without the NVIDIA driver (libcuda.so.1), and resolution imports the quantization schemes, which import
+names from it at module level (`int8_scaled_mm`, `scalar_types.uint4b8`, ...). The probe puts an opaque
+stand-in package under that name (every attribute and call gives another opaque name) so those imports
+resolve; SGLang's configuration code itself (ServerArgs.resolve_once, check_server_args) runs unchanged,
+and a configuration that would call a kernel to decide something fails loudly instead of passing.
 """
 
 import argparse
@@ -46,6 +53,56 @@ def _simulate_cuda():
 
 
 _simulate_cuda()
+
+STUBBED = ("sgl_kernel",)
+
+
+class _Opaque:
+    """A name of a stubbed kernel package (a kernel, a dtype table, a class): attribute access and calls give
+    more opaque names, so module-level imports and tables resolve; nothing here computes anything."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Opaque(f"{self._name}.{name}")
+
+    def __call__(self, *a, **k):
+        return _Opaque(f"{self._name}()")
+
+    def __repr__(self):
+        return f"<stub {self._name}>"
+
+
+class _StubModule(types.ModuleType):
+    """A compiled-kernel package that cannot load without a GPU driver: its names exist, calling one fails."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        return _Opaque(f"{self.__name__}.{name}")
+
+
+class _StubFinder:
+    def find_spec(self, fullname, path=None, target=None):
+        import importlib.machinery
+        if fullname.split(".")[0] in STUBBED:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        m = _StubModule(spec.name)
+        m.__path__ = []
+        return m
+
+    def exec_module(self, module):
+        pass
+
+
+sys.meta_path.insert(0, _StubFinder())
 
 import sglang  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402

@@ -10,13 +10,13 @@ parse_args + ServerArgs.from_cli_args, as sglang's prepare_server_args does); a 
 with SGLang's own argparse message. SGLANG_* environment names are checked against SGLang's registry
 (sglang/srt/environ.py).
 
-What stands in for the start-up configuration: ServerArgs.resolve_once() + check_server_args() with a
-simulated CUDA device reaches SGLang's CUDA kernels on a machine without a GPU: resolution imports
-the quantization schemes, which import `sgl_kernel` (sglang-kernel 0.4.10, 1.2 GB of compiled CUDA
-ops), whose common_ops library needs the NVIDIA driver's libcuda.so.1 at load time (tried: "ImportError:
-libcuda.so.1: cannot open shared object file"). So the probe does not run it here (`resolve: False`); the resolution rules the findings depend on (the chunk
-divided by attn-dp-size and the page-size assertion, the per-worker running requests, the static
-memory fraction) are read from the 0.5.23 source and tested in tests/test_sglang_engine.py.
+The start-up configuration: for every example case the probe then runs ServerArgs.resolve_once() +
+check_server_args() (what SGLang 0.5.23 runs at start-up) with the model's real config.json in a local
+directory (tests/fixtures/models; the vLLM suite's fixtures and synthesized configs) and a simulated CUDA
+device of the planned product. Stood in: `sgl_kernel`, SGLang's compiled CUDA ops, which need the NVIDIA
+driver's libcuda.so.1 to load (tried: "ImportError: libcuda.so.1: cannot open shared object file"); the
+probe gives its names opaque stand-ins so module-level imports resolve (see sglang_probe.py). The
+golden layout families are parsed only (their models are the goldens' hand-built candidates).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import yaml
 import sys
 
 from conftest import ROOT, run_in_venv
+from test_vllm import _gpu_of, _model_dir   # the same config.json fixtures and GPU facts as the vLLM suite
 
 from meshplan.api.models import LLMDeployment
 from meshplan.devcluster.fleets import fleet_nodes, load_fleet
@@ -70,7 +71,15 @@ def _containers(objects: list[dict]):
             yield o["metadata"]["name"], c
 
 
-def _cases() -> list[dict]:
+def _with_model(argv: list[str]) -> list[str]:
+    """The argv with `--model-path`'s value replaced by the probe's placeholder for the config-only directory."""
+    out = list(argv)
+    i = out.index("--model-path")
+    out[i + 1] = "@MODEL@"
+    return out
+
+
+def _cases(tmp: Path) -> list[dict]:
     cases = []
     for path in sorted(glob.glob(str(ROOT / "examples" / "*.yaml"))):
         name = Path(path).name
@@ -87,8 +96,15 @@ def _cases() -> list[dict]:
             for pod, c in _containers(result.rendered.objects):
                 if "sglang.launch_server" not in " ".join(c.get("command", [])):
                     continue
-                cases.append({"id": f"{name}/{variant}/{pod}/{c['name']}", "argv": list(c["args"]),
-                              "env": [e["name"] for e in c.get("env", [])], "resolve": False})
+                gpu = _gpu_of(result.plan.choice.gpu, int(c["resources"]["limits"].get("nvidia.com/gpu", 1)))
+                cases.append({"id": f"{name}/{variant}/{pod}/{c['name']}", "argv": _with_model(c["args"]),
+                              "env": [e["name"] for e in c.get("env", [])], "resolve": True,
+                              "model_dir": str(_model_dir(tmp, llmd.spec)),
+                              "gpu": {"name": gpu["name"], "capability": [gpu["major"], gpu["minor"]],
+                                      "memory_bytes": gpu["memory_bytes"], "count": gpu["count"]},
+                              "planned": {"chunk": result.plan.choice.chunk_size,
+                                          "context": llmd.spec.workload.max_context or
+                                          llmd.spec.workload.input_tokens + llmd.spec.workload.output_tokens}})
     sys.path.insert(0, str(ROOT / "tests"))
     from test_render_golden import SCENARIOS, render_scenario
 
@@ -100,9 +116,18 @@ def _cases() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def probe():
-    cases = _cases()
-    out = run_in_venv(VENV, PROBE, {"cases": cases})
+def probe(tmp_path_factory):
+    cases = _cases(tmp_path_factory.mktemp("sglang-models"))
+    # one subprocess per simulated GPU product: SGLang caches what the device reports (get_platform(),
+    # lru_cache'd is_sm100_supported ...) for the life of the process, as on a real machine
+    groups: dict[str, list[dict]] = {}
+    for c in cases:
+        groups.setdefault((c.get("gpu") or {}).get("name", ""), []).append(c)
+    out: dict = {"results": []}
+    for group in groups.values():
+        part = run_in_venv(VENV, PROBE, {"cases": group})
+        out["results"] += part["results"]
+        out.update({k: v for k, v in part.items() if k != "results"})
     return cases, out
 
 
@@ -150,3 +175,24 @@ def test_sglang_env_names_are_in_sglangs_registry(probe):
     assert out["registry_size"] > 100
     unknown = {r["id"]: r["unknown_env"] for r in out["results"] if r["unknown_env"]}
     assert not unknown, unknown
+
+
+def test_every_example_case_builds_sglangs_start_up_configuration(probe):
+    """resolve_once() + check_server_args() accept every rendered example argv, and the resolved config is the
+    plan: the chunk each attention-DP rank runs (SGLang's resolution divides --chunked-prefill-size by
+    attn-dp-size; meshplan renders chunk x attn-dp-size for that) and the maximum length."""
+    cases, out = probe
+    by_id = {c["id"]: c for c in cases}
+    resolved = [r for r in out["results"] if by_id[r["id"]].get("resolve")]
+    assert len(resolved) >= 15, len(resolved)
+    failed = {r["id"]: r["error"] + "\n" + r.get("trace", "") for r in resolved if not r["resolved"]}
+    assert not failed, failed
+    for r in resolved:
+        cfg, planned = r["config"], by_id[r["id"]]["planned"]
+        if planned["chunk"]:
+            # SGLang's resolution divides the rendered --chunked-prefill-size by attn-dp-size: what it keeps is
+            # the chunk one rank runs, which must be the plan's
+            assert cfg["chunked_prefill_size"] == planned["chunk"], (r["id"], cfg)
+        want = 4096 if r["id"].split("/")[1] == "extra-args" else planned["context"]
+        assert cfg["context_length"] == want, (r["id"], cfg)
+
