@@ -55,8 +55,11 @@ def extra_nodes(cluster):
 
 
 def _ready(cluster, names) -> bool:
+    """Ready, and the node lifecycle controller has lifted its `node.kubernetes.io/not-ready` taint (it lags the
+    condition under load; the planner rightly skips a node that still carries it)."""
     items = json.loads(cluster.kubectl("get", "nodes", *names, "-o", "json").stdout)["items"]
     return all(any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+               and not any(t.get("key") == "node.kubernetes.io/not-ready" for t in n["spec"].get("taints") or [])
                for n in items)
 
 
@@ -90,7 +93,7 @@ def test_plan_and_render_on_kubectl_get_nodes_of_the_local_cluster(cluster, tmp_
                   if n["metadata"]["labels"].get("nvidia.com/gpu.product") == "NVIDIA-H100-80GB-HBM3"}
     for p in pods:
         assert p["metadata"]["annotations"]["meshplan.dev/assigned-node"] in h100_nodes
-        assert set(p["spec"]["containers"][0]["resources"]["limits"]) == {"nvidia.com/gpu"}
+        assert set(p["spec"]["containers"][0]["resources"]["limits"]) - {"memory"} == {"nvidia.com/gpu"}
     # the rendered pods are what the API server accepts (server-side dry run, no scheduling)
     ns = "default"
     for p in pods[:2]:
@@ -118,12 +121,12 @@ def test_vendor_label_sets_through_the_api_server_plan_as_in_the_unit_tests(clus
         return meshplan("plan", str(manifest), "--nodes", str(nodes), "-o", "json", "--show-rejected")
 
     amd = plan_on("e2e-plan-mi300x", 8)
-    assert amd.returncode == 0, amd.stderr
+    assert amd.returncode == 0, amd.stderr + amd.stdout[:1500]
     assert json.loads(amd.stdout)["choice"]["gpu"] == "mi300x"
     rendered = meshplan("render", str(manifest), "--nodes", str(nodes), "-o", "json")
     assert rendered.returncode == 0, rendered.stderr
     pods = [o for o in json.loads(rendered.stdout)["objects"] if o["kind"] == "Pod"]
-    assert pods and all(set(p["spec"]["containers"][0]["resources"]["limits"]) == {"amd.com/gpu"} for p in pods)
+    assert pods and all(set(p["spec"]["containers"][0]["resources"]["limits"]) - {"memory"} == {"amd.com/gpu"} for p in pods)
 
     mig = plan_on("e2e-plan-a100-mig", 7)
     assert mig.returncode == 1                       # Llama-3.1-8B fits no 1g.5gb slice; no TP/PP across slices

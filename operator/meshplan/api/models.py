@@ -975,7 +975,7 @@ class EngineSpec(ApiModel):
             "FieldValueForbidden",
         ),
         Rule(
-            "(self.kind != 'nim' && self.kind != 'deepspeed') || has(self.image)",
+            "!has(self.kind) || (self.kind != 'nim' && self.kind != 'deepspeed') || has(self.image)",
             "spec.engine.image is required for engine nim (NIM containers are per model, e.g. "
             "nvcr.io/nim/meta/llama-3.1-8b-instruct:1.8.0) and deepspeed (DeepSpeed-MII publishes no image)",
             ".image",
