@@ -110,7 +110,8 @@ def test_one_topology_type_remains():
 
 def test_each_module_imports_alone_in_a_fresh_interpreter():
     mods = ["meshplan.topology", "meshplan.placement", "meshplan.planner", "meshplan.planner.fleet",
-            "meshplan.planner.search", "meshplan.planner.engines", "meshplan.autoscale.capacity"]
+            "meshplan.planner.search", "meshplan.planner.engines", "meshplan.autoscale.capacity",
+            "meshplan.engines", "meshplan.engines.vllm", "meshplan.render"]
     for m in mods:
         r = subprocess.run([sys.executable, "-c", f"import {m}"], capture_output=True, text=True,
                            env={"PYTHONPATH": str(PKG.parent), "PATH": "/usr/bin:/bin"})

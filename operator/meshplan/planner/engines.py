@@ -18,13 +18,33 @@ replica, scaled by the operator), so it never appears in the engine flags.
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from meshplan import engines as _engines
-from meshplan.engines.base import EngineLayout
 from meshplan.planner.types import Engine, Layout
 
-ENGINES: tuple[Engine, ...] = _engines.ENGINES  # type: ignore[assignment]
+if TYPE_CHECKING:
+    from meshplan.engines.base import EngineLayout
+
+
+class _Engines:
+    """`meshplan.engines`, imported on first use: the engine modules import meshplan.planner.types (whose
+    package imports this module), so importing them here at load time would be an import circle."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(importlib.import_module("meshplan.engines"), name)
+
+
+_engines = _Engines()
+
+
+def __getattr__(name: str) -> Any:
+    # ENGINES and EngineLayout, re-exported lazily for the same reason
+    if name == "ENGINES":
+        return _engines.ENGINES
+    if name == "EngineLayout":
+        return importlib.import_module("meshplan.engines.base").EngineLayout
+    raise AttributeError(name)
 
 
 def replica_pods(layout: Layout, gpus_per_node: int) -> tuple[int, int]:
@@ -76,7 +96,7 @@ def check_layout(layout: Layout, engine: Engine, model: Any = None, *, a2a_backe
     (`check_pods`, the predicate the renderer applies to the pods it renders).
     """
     if engine not in _engines.MODULES:
-        return f"engine {engine!r} is not supported; use one of {', '.join(ENGINES)}"
+        return f"engine {engine!r} is not supported; use one of {', '.join(_engines.ENGINES)}"
     if gpus_per_node:
         why = check_pods(layout, engine, *replica_pods(layout, gpus_per_node))
         if why:
