@@ -238,32 +238,6 @@ def flatten(items: list[tuple[str, list[str]]]) -> list[str]:
     return out
 
 
-def weight_flags(engine: Engine, weight_dtype: str, checkpoint_dtype: str,
-                  explain: list[Explanation]) -> dict[str, Any]:
-    """Precision flags for the weights (engine docs: vLLM/SGLang --dtype and --quantization)."""
-    if engine == "trtllm":
-        if weight_dtype != checkpoint_dtype and weight_dtype not in ("bf16", "fp16"):
-            explain.append(Explanation("weights", weight_dtype,
-                                       "TensorRT-LLM reads quantization from the checkpoint (ModelOpt): point "
-                                       f"spec.model.weights at a {weight_dtype} checkpoint",
-                                       "TensorRT-LLM quantization docs", "warning"))
-        return {}
-    if weight_dtype in ("bf16", "fp16"):
-        return {"--dtype": "bfloat16" if weight_dtype == "bf16" else "float16"}
-    if weight_dtype == checkpoint_dtype:
-        explain.append(Explanation("weights", weight_dtype, "the checkpoint is already quantized; the engine "
-                                   "reads the method from its config"))
-        return {}
-    if weight_dtype == "fp8":
-        explain.append(Explanation("--quantization", "fp8", "plan chose FP8 weights: quantize the "
-                                   f"{checkpoint_dtype} checkpoint online", "vLLM/SGLang quantization docs"))
-        return {"--quantization": "fp8"}
-    explain.append(Explanation("weights", weight_dtype,
-                               f"{weight_dtype} weights need a pre-quantized checkpoint (AWQ/GPTQ/ModelOpt); point "
-                               "spec.model.weights at one", "vLLM/SGLang quantization docs", "warning"))
-    return {}
-
-
 
 @dataclass(frozen=True)
 class EngineKnobs:

@@ -144,7 +144,7 @@ def layout(layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int |
 
 
 def weight_flags(weight_dtype: str, checkpoint_dtype: str, explain: list[Explanation]) -> dict[str, Any]:
-    """SGLang 0.5.23 precision flags for the weights (replaces the shared `base.weight_flags` for SGLang).
+    """SGLang 0.5.23 precision flags for the weights (each engine module spells its own).
 
     `--quantization` choices (arg_groups/choices.py QUANTIZATION_CHOICES): `fp8` quantizes a BF16/FP16
     checkpoint online, `nvfp4_online` quantizes it to NVFP4 online (layers/quantization/nvfp4_online.py,

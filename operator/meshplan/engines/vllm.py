@@ -129,7 +129,7 @@ ONLINE_WEIGHT_QUANTIZATION = {"fp8": "fp8_per_tensor"}
 
 
 def weight_flags(weight_dtype: str, checkpoint_dtype: str, explain: list[Explanation]) -> dict[str, Any]:
-    """vLLM's precision flags for the planned weight dtype (replaces the shared `base.weight_flags`)."""
+    """vLLM's precision flags for the planned weight dtype (each engine module spells its own)."""
     if weight_dtype == checkpoint_dtype and weight_dtype not in ("bf16", "fp16"):
         explain.append(Explanation("weights", weight_dtype, "the checkpoint is already quantized; vLLM reads the "
                                    "method from its config.json quantization_config"))
