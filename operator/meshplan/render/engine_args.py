@@ -64,10 +64,11 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
         if n in ("max-num-batched-tokens", "chunked-prefill-size", "max-num-tokens"):
             why = "plan chunk size: prefill tokens per engine step"
         elif n in ("max-num-seqs", "max-running-requests", "max-batch-size"):
-            why = "plan batch limit: sequences per replica"
+            why = "plan batch limit: sequences per replica, or per DP rank where the engine counts it so"
         elif "fraction" in n or "utilization" in n:
             why = ("from spec" if serving.memory_fraction else
-                   "default 0.9: the engine default the planner's memory fit assumes")
+                   "0.9: the fraction the planner's memory fit assumes (meshplan's default; the engine's own "
+                   "default, where it differs, is explained with it)")
         elif "kv-cache" in n:
             why = "plan KV-cache dtype"
         else:
