@@ -232,3 +232,23 @@ def test_drift_wiring_suggests_or_adopts_the_corrected_layout(mode):
         assert [r for r, _ in events] == ["ReplanOnDrift"]                 # adopted once
         assert a.reconciler.plans[uid] == (plan_key(spec, build_topology([])), corrected)
         assert uid in a.reconciler.plans_moved and enqueued == [key]
+
+
+def test_the_corrected_plan_runs_the_real_planner_on_the_deployments_topology():
+    """`_corrected_plan` itself (the wiring test above stubs it): the planner on the world's Topology with the
+    corrected predictor. It called the removed `Topology.to_fleet()` once, which only the e2e caught."""
+    from types import SimpleNamespace
+
+    from meshplan.api.models import LLMDeploymentSpec
+    from meshplan.controller.autoscaling import Autoscaler
+    from meshplan.devcluster.fleets import fleet_nodes, load_fleet
+    from meshplan.topology import build_topology
+
+    topo = build_topology(fleet_nodes(load_fleet("hgx-h100")), [], ready_if_unknown=True)
+    rec = SimpleNamespace(plans={}, plans_moved=set(), autoscaler_conditions={},
+                          world=SimpleNamespace(topology_without=lambda ns, name: topo))
+    a = Autoscaler(rec, lambda *_: None)
+    spec = LLMDeploymentSpec.model_validate({"model": {"name": "llama-3.1-70b"}, "slo": {"itlMs": 40}})
+    label, plan = a._corrected_plan(("ns", "demo"), spec, Correction(itl=2.0, ttft=2.0, updated_at=1.0,
+                                                                      evaluations=5))
+    assert plan is not None and label == plan.choice.layout.label()

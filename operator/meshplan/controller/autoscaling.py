@@ -780,7 +780,7 @@ class Autoscaler:
 
         topology = self.reconciler.world.topology_without(*key)
         try:
-            plan = plan_for_spec(spec, topology.select(dict(spec.gpus.node_selector or {})).to_fleet(),
+            plan = plan_for_spec(spec, topology.select(dict(spec.gpus.node_selector or {})),
                                  predictor=corrected_predictor(corr))
         except ValueError:
             return None, None
