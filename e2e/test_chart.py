@@ -228,7 +228,10 @@ def test_service_account_rights_match_the_snapshot(cluster, release):
         "after review):\n" + "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True)))
     # independent of the snapshot: the things least privilege forbids
     everything = "\n".join(line for v in sections.values() for line in v)
-    assert "secrets" not in everything
+    # Secrets: only what the TensorRT-LLM multi-node ssh Secret needs (create one, read it back, patch its owner);
+    # never list or watch, so the operator cannot enumerate the namespace's Secrets
+    secret_lines = [ln for ln in everything.splitlines() if ln.startswith("secrets ")]
+    assert secret_lines == ["secrets [] [] [create get patch]"], secret_lines
     assert not re.search(r"^\*\.\*", everything, re.M)
     elsewhere = [line for line in sections["any other namespace"] if line.startswith(("pods", "services", "llmd"))]
     assert elsewhere == ["pods [] [] [list]"], "outside its namespaces the operator may only list pods (GPU usage)"
@@ -236,7 +239,9 @@ def test_service_account_rights_match_the_snapshot(cluster, release):
     assert kubectl_as(cluster, kcfg, "auth", "can-i", "create", "pods", "-n", release["work"]).stdout.strip() == "yes"
     no = kubectl_as(cluster, kcfg, "auth", "can-i", "create", "pods", "-n", "default", check=False)
     assert no.stdout.strip() == "no"
-    assert kubectl_as(cluster, kcfg, "auth", "can-i", "get", "secrets", "-n", release["work"],
+    assert kubectl_as(cluster, kcfg, "auth", "can-i", "list", "secrets", "-n", release["work"],
+                      check=False).stdout.strip() == "no"
+    assert kubectl_as(cluster, kcfg, "auth", "can-i", "get", "secrets", "-n", "default",
                       check=False).stdout.strip() == "no"
 
 

@@ -84,7 +84,8 @@ def podmonitor(cluster) -> dict[str, Any]:
     """The chart's engine PodMonitor as `helm template` renders it (chart defaults, PodMonitor enabled)."""
     text = chart_credentials.render(cluster, ["templates/podmonitor-engines.yaml"], "meshplan-system",
                                     values={"engineMetrics.podMonitor.enabled": True})
-    (doc,) = [d for d in yaml.safe_load_all(text) if d]
+    # the chart renders one PodMonitor for the engines serving /metrics and one for NIM's /v1/metrics
+    (doc,) = [d for d in yaml.safe_load_all(text) if d and d["metadata"]["name"].endswith("-engines")]
     return doc
 
 

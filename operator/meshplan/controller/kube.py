@@ -29,6 +29,7 @@ import aiohttp
 RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("v1", "Pod"): ("/api/v1", "pods"),
     ("v1", "Service"): ("/api/v1", "services"),
+    ("v1", "Secret"): ("/api/v1", "secrets"),        # the TensorRT-LLM multi-node ssh keys (engines.trtllm_ssh)
     ("v1", "Event"): ("/api/v1", "events"),
     ("meshplan.dev/v1alpha1", "LLMDeployment"): ("/apis/meshplan.dev/v1alpha1", "llmdeployments"),
     ("resource.nvidia.com/v1beta1", "ComputeDomain"): ("/apis/resource.nvidia.com/v1beta1", "computedomains"),
