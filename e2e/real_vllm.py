@@ -272,8 +272,19 @@ def podmonitor_scrape_config(doc: dict[str, Any], scrape_interval: str = "1s") -
         rc.append({"action": "keep", "source_labels": [f"__meta_kubernetes_pod_label_{s}",
                                                         f"__meta_kubernetes_pod_labelpresent_{s}"],
                    "regex": f"({v});true"})
-    if (spec.get("selector") or {}).get("matchExpressions"):
-        raise NotImplementedError("matchExpressions in the PodMonitor selector")
+    # matchExpressions as promcfg.go writes them: In keeps / NotIn drops `(<v1>|<v2>);true` on the label and
+    # its labelpresent twin; Exists keeps / DoesNotExist drops labelpresent `true`
+    for e in (spec.get("selector") or {}).get("matchExpressions", []):
+        s, op = _sanitize(e["key"]), e["operator"]
+        if op in ("In", "NotIn"):
+            rc.append({"action": "keep" if op == "In" else "drop",
+                       "source_labels": [f"__meta_kubernetes_pod_label_{s}", f"__meta_kubernetes_pod_labelpresent_{s}"],
+                       "regex": f"({'|'.join(e['values'])});true"})
+        elif op in ("Exists", "DoesNotExist"):
+            rc.append({"action": "keep" if op == "Exists" else "drop",
+                       "source_labels": [f"__meta_kubernetes_pod_labelpresent_{s}"], "regex": "true"})
+        else:
+            raise NotImplementedError(f"matchExpressions operator {op}")
     rc.append({"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"],
                "regex": ep["port"]})
     rc += [
