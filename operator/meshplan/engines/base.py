@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+from meshplan.api.extra_args import _is_number  # one reading of "is this token a number, not a flag"
 from meshplan.explain import Explanation
 from meshplan.planner.types import Candidate, Engine, Layout
 
@@ -112,14 +113,6 @@ def parse_args(tokens: Sequence[str]) -> list[tuple[str, list[str]]]:
         else:
             out.append(("", [t]))
     return out
-
-
-def _is_number(t: str) -> bool:
-    try:
-        float(t)
-        return True
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
