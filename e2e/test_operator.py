@@ -233,6 +233,44 @@ def test_example_becomes_available_on_one_nvlink_domain_per_replica(cluster, ns,
         assert env.get(e["name"]) == e.get("value")
 
 
+def test_nim_multi_node_group_is_gang_placed_and_available(cluster, ns):
+    """NVIDIA NIM 1.x multi-node (examples/deepseek-r1-nim-multinode.yaml): DeepSeek-R1 TP8 x PP2 as one group of
+    two pods on two HGX H100 nodes, the leader with NIM's MPI role and hostfile, the worker with its sshd role,
+    both mounting the ssh key Secret the operator creates. kwok runs no NIM (its image needs an NGC key and a
+    GPU): what is checked is what the API server, scheduler and operator do with the rendered group."""
+    m = _example("deepseek-r1-nim-multinode.yaml", "hgx-h100-ib", autoscaling={"enabled": False})
+    m["spec"]["engine"].pop("env")         # NGC_API_KEY valueFrom needs the admin's enginePolicy.allowEnvValueFrom
+    name = m["metadata"]["name"]
+    _apply(cluster, ns, m)
+    obj = _available(cluster, ns, name, timeout_s=120)
+    assert obj["status"]["plan"]["layout"] == "TP8·PP2" and obj["status"]["plan"]["gpusPerReplica"] == 16
+    pods = sorted(_pods(cluster, ns), key=lambda p: int(p["metadata"]["labels"]["meshplan.dev/rank"]))
+    assert len(pods) == 2 and {p["metadata"]["labels"]["meshplan.dev/replica"] for p in pods} == {"0"}
+    nodes = _nodes(cluster)
+    # the whole group placed at once: both pods released from the gang gate, on two nodes of the fleet
+    assert all(p["spec"].get("nodeName") and not p["spec"].get("schedulingGates") for p in pods)
+    assert len({p["spec"]["nodeName"] for p in pods}) == 2
+    assert all(nodes[p["spec"]["nodeName"]]["meshplan.dev/fleet"] == "hgx-h100-ib" for p in pods)
+    assert _ready_groups(pods) == 1
+    leader, worker = pods
+    le = {e["name"]: e.get("value") for e in leader["spec"]["containers"][0]["env"]}
+    we = {e["name"]: e.get("value") for e in worker["spec"]["containers"][0]["env"]}
+    assert (le["NIM_MULTI_NODE"], le["NIM_LEADER_ROLE"], le["NIM_NODE_RANK"], le["NIM_NUM_COMPUTE_NODES"]) == \
+        ("1", "1", "0", "2")
+    assert (we["NIM_MULTI_NODE"], we["NIM_LEADER_ROLE"], we["NIM_NODE_RANK"], we["NIM_NUM_COMPUTE_NODES"]) == \
+        ("1", "0", "1", "2")
+    assert "command" not in leader["spec"]["containers"][0]
+    hostfile = leader["metadata"]["annotations"]["meshplan.dev/nim-mpi-hostfile"]
+    assert hostfile == f"localhost slots=8\n{worker['metadata']['name']}.{worker['spec']['subdomain']}.{ns}.svc slots=8\n"
+    secret_name = f"{name}-nim-ssh"
+    for p in pods:
+        vol = next(v for v in p["spec"]["volumes"] if v["name"] == "nim-ssh-pk")
+        assert vol["secret"] == {"secretName": secret_name, "defaultMode": 0o400}
+    secret = _get(cluster, ns, "secret", secret_name)
+    assert secret is not None and sorted(secret["data"]) == ["private.key"]
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+
+
 def test_deleted_and_edited_children_are_restored(cluster, ns, operator):
     # TP8 on 4-GPU GB200 trays: two pods per replica, so a worker pod exists.
     m = _pinned("drift", "gb200-nvl72", "NVIDIA-GB200", tensor=8, replicas=1, max_gpus=8)

@@ -53,8 +53,17 @@ NEW_ENGINE_IMAGES = {"nim": "nvcr.io/nim/meta/llama-3.1-8b-instruct:1.8.0",
                      "deepspeed": "registry.example.com/serving/deepspeed-mii:0.3.3"}
 
 
+# NVIDIA NIM 1.x multi-node (MPI over ssh, one pipeline stage per node): DeepSeek-R1 (its FP8 checkpoint) TP8 x PP2
+# over two HGX H100 nodes on InfiniBand, as examples/deepseek-r1-nim-multinode.yaml plans it.
+NIM_MULTINODE_SCENARIOS = {
+    "hgx-h100-tp8-pp2": (hgx_h100(2), 8, "NVIDIA-H100-80GB-HBM3", Layout(tp=8, pp=2), "fp8", "bf16", 2048, 32,
+                         "deepseek-ai/DeepSeek-R1", "fp8",
+                         NetworkOptions(transport="infiniband", socket_ifname="eth0", ib_hca="mlx5_0,mlx5_1")),
+}
+
+
 def render_scenario(engine: str, fleet: str) -> list[dict]:
-    scenario = SCENARIOS.get(fleet) or NEW_ENGINE_SCENARIOS[fleet]
+    scenario = SCENARIOS.get(fleet) or NEW_ENGINE_SCENARIOS.get(fleet) or NIM_MULTINODE_SCENARIOS[fleet]
     nodes, per_node, product, layout, wd, kvd, chunk, seqs, model, ckpt, network = scenario
     topo = build_topology(nodes)
     placement = place(request_for_layout(layout, per_node, product=product), topo)
@@ -80,6 +89,11 @@ def test_golden(engine: str, fleet: str) -> None:
 @pytest.mark.parametrize("engine", sorted(NEW_ENGINE_IMAGES))
 def test_golden_new_engines(engine: str, fleet: str) -> None:
     check_golden(render_scenario(engine, fleet), GOLDEN / f"{engine}-{fleet}.yaml", __file__)
+
+
+@pytest.mark.parametrize("fleet", sorted(NIM_MULTINODE_SCENARIOS))
+def test_golden_nim_multinode(fleet: str) -> None:
+    check_golden(render_scenario("nim", fleet), GOLDEN / f"nim-{fleet}.yaml", __file__)
 
 
 @pytest.mark.parametrize("fleet", sorted(SCENARIOS))

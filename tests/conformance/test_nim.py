@@ -6,8 +6,11 @@ variable the renderer sets for NIM is in `engines.nim.DOCUMENTED_ENV`, each with
 NVIDIA repository that names it (NIM docs "Configure Your NIM", NVIDIA/k8s-nim-operator,
 NVIDIA/nim-deploy), and its value is the plan's (NIM_TENSOR_PARALLEL_SIZE x NIM_PIPELINE_PARALLEL_SIZE =
 the pod's GPUs); the container has no command or args (the image's entrypoint reads the environment);
-the probes use NIM's documented health routes; the layouts NIM cannot be told (EP, several pods per
-replica, FP8 KV, precisions, extraArgs) are refused by the planner or the API with the reason.
+the probes use NIM's documented health routes; the layouts NIM cannot be told (EP, a tensor-parallel
+group over several pods, FP8 KV, precisions, extraArgs) are refused by the planner or the API with the reason.
+Multi-node (NIM 1.x, MPI over ssh: NIM docs 1.8.0 "Multi-Node Deployment", the NIM Operator's
+spec.multiNode.mpi rendering) puts one pipeline stage on each pod; every multi-node variable is in
+`engines.nim.MULTI_NODE_ENV` with the NIM Operator source that sets it.
 """
 
 from __future__ import annotations
@@ -51,29 +54,44 @@ def _manifest(example: str, **patch) -> dict:
 
 def _check_pods(res) -> int:
     pods = 0
+    layout = res.plan.choice.layout
     for g in res.rendered.groups:
-        assert len(g.pods) == 1                       # a NIM replica is one pod
-        for pod in g.pods:
+        # one pod per replica, or NIM 1.x multi-node: one pod per pipeline stage (NIM_NUM_COMPUTE_NODES = PP)
+        assert len(g.pods) in (1, layout.pp), (len(g.pods), layout.label())
+        multi = len(g.pods) > 1
+        for rank, pod in enumerate(g.pods):
             c = pod["spec"]["containers"][0]
             assert "command" not in c and "args" not in c
             env = {e["name"]: e.get("value") for e in c["env"]}
             nim_env = {k: v for k, v in env.items() if not k.startswith(NOT_NIM)}
             assert set(nim_env) <= set(nim.DOCUMENTED_ENV), set(nim_env) - set(nim.DOCUMENTED_ENV)
             gpus = int(next(v for k, v in c["resources"]["limits"].items() if k.endswith("/gpu")))
-            layout = res.plan.choice.layout
             assert int(env["NIM_TENSOR_PARALLEL_SIZE"]) == layout.tp
             assert int(env["NIM_PIPELINE_PARALLEL_SIZE"]) == layout.pp
-            assert layout.tp * layout.pp == gpus
-            assert env["NIM_SERVER_PORT"] == str(c["ports"][0]["containerPort"])
-            assert c["readinessProbe"]["httpGet"]["path"] == "/v1/health/ready"
-            assert c["livenessProbe"]["httpGet"]["path"] == "/v1/health/live"
+            assert layout.tp * layout.pp == gpus * len(g.pods)
+            assert env["NIM_SERVER_PORT"] == "8000"
+            if multi:
+                assert (env["NIM_MULTI_NODE"], env["NIM_NODE_RANK"]) == ("1", str(rank))
+                assert env["NIM_NUM_COMPUTE_NODES"] == str(len(g.pods)) and gpus == layout.tp
+                assert env["NIM_LEADER_ROLE"] == ("1" if rank == 0 else "0")
+            else:
+                assert not set(nim.MULTI_NODE_ENV) & set(env)
+            if rank == 0:
+                assert env["NIM_SERVER_PORT"] == str(c["ports"][0]["containerPort"])
+                assert c["readinessProbe"]["httpGet"]["path"] == "/v1/health/ready"
+                assert c["livenessProbe"]["httpGet"]["path"] == "/v1/health/live"
+            else:           # a worker hosts MPI ranks over ssh; the leader serves the API
+                assert "readinessProbe" not in c and [p["name"] for p in c["ports"]] == ["ssh"]
             pods += 1
     return pods
 
 
 def test_every_documented_name_has_a_source():
     assert all(src.strip() for src in nim.DOCUMENTED_ENV.values())
-    assert all(name.startswith(("NIM_", "NGC_")) for name in nim.DOCUMENTED_ENV)
+    # NIM's own names, and the multi-node launcher's (Open MPI MCA parameters, the LWS-derived names the NIM
+    # image's entrypoint reads), each as the NIM Operator's NIM 1.x (spec.multiNode.mpi) rendering sets it
+    assert all(name.startswith(("NIM_", "NGC_")) or name in nim.MULTI_NODE_ENV for name in nim.DOCUMENTED_ENV)
+    assert all("k8s-nim-operator" in src and "nimservice_types.go" in src for src in nim.MULTI_NODE_ENV.values())
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
@@ -98,7 +116,9 @@ def test_every_example_as_nim_renders_documented_env_or_is_refused_with_the_reas
     {"engine": {"prefixCaching": False}},
     {"engine": {"schedulingPolicy": "priority", "cudaGraphs": "disabled", "expertLoadBalancing": "enabled"}},
     {"workload": {"maxContext": 16384}},
-], ids=["one-gpu", "tp2", "tp8", "bf16", "fp16", "prefix-off", "toggles", "max-context"])
+    # NIM 1.x multi-node (MPI): one pipeline stage per pod, inside one node or over two
+    {"parallelism": {"tensor": 4, "pipeline": 2}, "gpus": {"maxGpus": 8}},
+], ids=["one-gpu", "tp2", "tp8", "bf16", "fp16", "prefix-off", "toggles", "max-context", "pp-in-one-node"])
 def test_layout_families_render_as_nim_env(patch):
     llmd = LLMDeployment.from_manifest(_manifest("llama-3.1-8b-nim", **patch))
     res = plan_place_render(llmd, HGX)
@@ -113,19 +133,33 @@ def test_layout_families_render_as_nim_env(patch):
 @pytest.mark.parametrize("example,patch,why", [
     ("mixtral-8x7b-l40s", {"precision": {"weights": "bf16", "kvCache": "bf16"},
                            "parallelism": {"expert": 2, "tensor": 1}}, "expert parallelism"),
+    # NIM 1.x multi-node gives every pod GPUS_PER_NODE = TP: a tensor-parallel group cannot span nodes
     ("llama-3.1-70b-hgx-h100", {"precision": {"weights": "bf16", "kvCache": "bf16"},
-                                "parallelism": {"tensor": 8, "pipeline": 2}, "gpus": {"maxGpus": 16}},
-     "MPI bootstrap"),
-    # meshplan renders each pipeline stage as its own pod: PP inside one node is two pods as well
-    ("llama-3.1-8b-nim", {"parallelism": {"tensor": 4, "pipeline": 2}, "gpus": {"maxGpus": 8}}, "needs 2 pods"),
+                                "parallelism": {"tensor": 16, "pipeline": 1}, "gpus": {"maxGpus": 16}},
+     "tensor-parallel group cannot span pods"),
     ("llama-3.1-8b-nim", {"precision": {"kvCache": "fp8"}}, "fp8 KV cache"),
     ("llama-3.1-8b-nim", {"precision": {"weights": "fp8", "kvCache": "bf16"}}, "fp8 weights"),
-], ids=["ep", "tp-x-pp-across-nodes", "pp-in-one-node", "kv-fp8", "weights-fp8"])
+], ids=["ep", "tp-across-nodes", "kv-fp8", "weights-fp8"])
 def test_what_nim_cannot_be_told_is_refused_by_the_planner(example, patch, why):
     llmd = LLMDeployment.from_manifest(_manifest(example, **patch))
     plan = plan_for_spec(llmd.spec, HGX)
     assert plan.choice is None
     assert why in plan.reason or any(why in r.reason for r in plan.rejected), plan.reason
+
+
+def test_tp_x_pp_across_nodes_renders_nim_multi_node_leader_and_worker():
+    """Was refused ("MPI bootstrap ... which meshplan does not provision") before NIM multi-node was rendered."""
+    llmd = LLMDeployment.from_manifest(_manifest("llama-3.1-70b-hgx-h100", **{
+        "precision": {"weights": "bf16", "kvCache": "bf16"}, "parallelism": {"tensor": 8, "pipeline": 2},
+        "gpus": {"maxGpus": 16}, "slo": {"ttftMs": 5000, "itlMs": 100}}))
+    res = plan_place_render(llmd, HGX)
+    assert res.rendered is not None, res.message
+    assert res.plan.choice.layout.label() == "TP8·PP2"
+    assert _check_pods(res) == 2 * len(res.rendered.groups)            # two pods per replica
+    leader, worker = res.rendered.groups[0].pods
+    hostfile = leader["metadata"]["annotations"][nim.MPI_HOSTFILE_ANNOTATION].splitlines()
+    assert hostfile == ["localhost slots=8", f'{worker["spec"]["hostname"]}.{worker["spec"]["subdomain"]}.'
+                        f'{worker["metadata"]["namespace"]}.svc slots=8']
 
 
 def test_extra_args_are_refused_nim_takes_environment():

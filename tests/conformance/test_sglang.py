@@ -45,7 +45,8 @@ EXAMPLE_FLEETS = {"deepseek-r1-h200.yaml": "mixed", "llama-3.1-8b-1gpu.yaml": "h
                   "llama-3.1-70b-hgx-h100.yaml": "hgx-h100", "mixtral-8x7b-l40s.yaml": "mixed",
                   "gpt-moe-1.8t-gb200-nvl72.yaml": "gb200-nvl72",
                   # the NIM and DeepSpeed-MII examples, run as SGLang
-                  "llama-3.1-8b-nim.yaml": "hgx-h100", "llama-3.1-8b-deepspeed.yaml": "hgx-h100"}
+                  "llama-3.1-8b-nim.yaml": "hgx-h100", "llama-3.1-8b-deepspeed.yaml": "hgx-h100",
+                  "deepseek-r1-nim-multinode.yaml": "hgx-h100-ib"}
 
 VARIANTS = {
     "as-is": {},

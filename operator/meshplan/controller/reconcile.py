@@ -649,6 +649,7 @@ class Reconciler:
                 if live is None and desired.get("kind") == "Pod" and not ssh_checked:
                     ssh_checked = True
                     await ensure_trtllm_ssh_secret(kube, namespace, name, uid, [d for d, _ in applies])
+                    await ensure_nim_ssh_secret(kube, namespace, name, uid, [d for d, _ in applies])
                 if live is None and desired.get("kind") == "Service":
                     taken = await _taken_by_another(kube, desired, uid)
                     if taken is not None:
@@ -988,6 +989,41 @@ async def ensure_trtllm_ssh_secret(kube: Kube, namespace: str, name: str, uid: s
     await kube.apply(ssh_secret(name, namespace, owner_reference(name, uid), base_labels(name, "trtllm")),
                      applier.FIELD_MANAGER, force=True)
     return True
+
+
+async def ensure_owned_secret(kube: Kube, namespace: str, name: str, uid: str, desired: list[Mapping[str, Any]],
+                              *, volume: str, build: Any, who: str) -> bool:
+    """Engine-neutral: create the Secret the pods about to be created mount as volume `volume` (True when created).
+
+    `build(deployment, namespace, owner, labels)` makes the manifest (its keys generated once, here); the
+    Secret is owned by the LLMDeployment, an existing owned one is kept as it is (running pods hold its
+    keys), and a same-named Secret this deployment does not own is never overwritten: 409 NameCollision.
+    """
+    from meshplan.engines.trtllm_ssh import mounted_secret
+    from meshplan.render.workloads import owner_reference
+
+    secret = mounted_secret(list(desired), volume)
+    if secret is None:
+        return False
+    live = await kube.get("v1", "Secret", namespace, secret)
+    if live is not None:
+        if _owned_by(live, uid):
+            return False
+        raise ApiError(409, "NameCollision", f"Secret {secret} exists and is not owned by LLMDeployment {name}: "
+                       f"{who} mount their ssh keys from it; rename or remove it")
+    await kube.apply(build(name, namespace, owner_reference(name, uid)), applier.FIELD_MANAGER, force=True)
+    return True
+
+
+async def ensure_nim_ssh_secret(kube: Kube, namespace: str, name: str, uid: str,
+                                desired: list[Mapping[str, Any]]) -> bool:
+    """The ssh key Secret of NVIDIA NIM multi-node pods (`meshplan.engines.nim.ssh_secret`), as for TensorRT-LLM."""
+    from meshplan.engines import nim
+    from meshplan.render.workloads import base_labels
+
+    return await ensure_owned_secret(
+        kube, namespace, name, uid, desired, volume=nim.SSH_VOLUME, who="the NIM multi-node pods",
+        build=lambda dep, ns, owner: nim.ssh_secret(dep, ns, owner, base_labels(dep, "nim")))
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:

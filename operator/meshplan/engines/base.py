@@ -171,6 +171,8 @@ class EngineCommand:
     # What the pod's startup/readiness probes GET (NIM: /v1/health/ready) and its liveness probe ("": the same).
     health_path: str = HEALTH_PATH
     live_path: str = ""
+    # Pod annotations the command needs (NIM multi-node: the leader's MPI hostfile, mounted by the downward API).
+    annotations: tuple[tuple[str, str], ...] = ()
 
 
 class RenderError(ValueError):

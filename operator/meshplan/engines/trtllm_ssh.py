@@ -145,4 +145,41 @@ def needs_ssh_secret(objects: list[Mapping[str, Any]]) -> str | None:
     return None
 
 
-__all__ = ["ed25519_public_key", "needs_ssh_secret", "private_pem", "public_line", "ssh_files", "ssh_secret"]
+# ---- engine-neutral entry points (NVIDIA NIM multi-node uses them; the TensorRT-LLM ones above are unchanged) ----
+def client_key_files(comment: str, *, private_name: str, public_name: str | None = None,
+                     seed: bytes | None = None) -> dict[str, str]:
+    """One fresh Ed25519 key pair as Secret files: the OpenSSH private key under `private_name` and, when
+    `public_name` is given, its public line there (`ssh-keygen -y -f <private>` derives the same line)."""
+    key = seed or secrets.token_bytes(32)
+    files = {private_name: private_pem(key, comment)}
+    if public_name:
+        files[public_name] = public_line(ed25519_public_key(key), comment) + "\n"
+    return files
+
+
+def owned_secret(name: str, namespace: str, owner: Mapping[str, Any], labels: Mapping[str, str],
+                 files: Mapping[str, str]) -> dict[str, Any]:
+    """A Secret manifest named `name` holding `files`, owned by the LLMDeployment (so it goes with it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels), "ownerReferences": [dict(owner)]},
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in sorted(files.items())},
+    }
+
+
+def mounted_secret(objects: list[Mapping[str, Any]], volume: str) -> str | None:
+    """The Secret the rendered pods mount as volume `volume` (None when no pod mounts one)."""
+    for obj in objects:
+        if obj.get("kind") != "Pod":
+            continue
+        for vol in (obj.get("spec") or {}).get("volumes") or ():
+            name = (vol.get("secret") or {}).get("secretName", "")
+            if vol.get("name") == volume and name:
+                return name
+    return None
+
+
+__all__ = ["client_key_files", "ed25519_public_key", "mounted_secret", "needs_ssh_secret", "owned_secret",
+           "private_pem", "public_line", "ssh_files", "ssh_secret"]

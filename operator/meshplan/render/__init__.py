@@ -300,7 +300,7 @@ def render_group(
             labels={**group_labels, LABEL_ROLE: "leader" if p.rank == 0 else "worker",
                     LABEL_RANK: str(p.rank), LABEL_STAGE: str(p.stage)},
             annotations={ASSIGNED_NODE_ANNOTATION: p.node, ANNOTATION_DOMAIN: p.domain,
-                         ANNOTATION_EXPLAIN: "\n".join(explain_lines), **rdma_ann},
+                         ANNOTATION_EXPLAIN: "\n".join(explain_lines), **rdma_ann, **dict(cmd.annotations)},
             subdomain=svc_name,
             image=image,
             command=cmd.command,
