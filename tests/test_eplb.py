@@ -213,3 +213,28 @@ def test_engine_modules_spell_the_rule_they_export():
     # the renderer and the planner read the same function of each module
     assert vllm.redundant_experts is not None and sglang.redundant_experts is not None
     assert trtllm.redundant_experts(Layout(tp=1, ep=16), R1, "enabled") == 16
+
+
+def test_vllm_plans_no_eplb_for_int4_moe_checkpoints():
+    """vLLM 0.32.0's int4/int8 MoE methods have supports_eplb False (FusedMoE raises 'EPLB is not supported'):
+    Kimi-K2.5 (its real config.json: INT4 compressed-tensors experts) gets no redundant experts from vLLM."""
+    from pathlib import Path
+
+    from meshplan.catalog.models import from_hf_config
+    from meshplan.planner.types import Candidate, MemoryFit, Prediction
+    from meshplan.render.engine_args import PodRole, ServingOptions, engine_command
+
+    cfg = json.loads((Path(__file__).parent / "fixtures/models/moonshotai--Kimi-K2.5_config.json").read_text())
+    kimi = from_hf_config(cfg, "moonshotai/Kimi-K2.5")
+    assert kimi.native_dtype == "int4" and kimi.num_experts == 384
+    assert redundant_experts("vllm", Layout(tp=1, ep=8), kimi, "enabled") == 0
+    assert redundant_experts("sglang", Layout(tp=1, ep=8), kimi, "auto") == 8
+    cand = Candidate(Layout(tp=1, ep=8), "int4", "fp8", 1024, 256,
+                     MemoryFit(True, 0, 0, 0, 0, 0, 0, 0), Prediction(0, 0, 0, 0, 0), "vllm")
+    serving = ServingOptions(engine="vllm", model="moonshotai/Kimi-K2.5", checkpoint_dtype="int4", num_experts=384,
+                             model_name=kimi.name, expert_load_balancing="enabled")
+    cmd = engine_command(cand, serving, PodRole(gpus_per_pod=8))
+    argv, explain = list(cmd.args), list(cmd.explain)
+    assert "--enable-eplb" not in argv and "--eplb-config" not in argv
+    why = next(e for e in explain if e.subject == "--enable-eplb")
+    assert why.level == "warning" and "int4" in why.reason

@@ -291,11 +291,12 @@ def no_redundant_experts(layout: Layout, model: Any = None, balancing: str = "au
 
 
 def eplb_model(serving: ServingOptions) -> Any:
-    """What the redundant-experts rule reads of the model at render time (its name and expert count), from
+    """What the redundant-experts rule reads of the model at render time (name, expert count, checkpoint dtype), from
     the serving options: the same facts the planner's `ModelArch` gives it at search time."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(name=serving.model_name or serving.model, num_experts=serving.num_experts)
+    return SimpleNamespace(name=serving.model_name or serving.model, num_experts=serving.num_experts,
+                           native_dtype=serving.checkpoint_dtype)
 
 
 def family_of(model: Any) -> str:

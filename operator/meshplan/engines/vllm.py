@@ -69,8 +69,19 @@ EPLB_STEP_INTERVAL = 3000
 EPLB_UNSUPPORTED_FAMILIES = ("gpt-oss", "minimax-m2")
 
 
+# Checkpoints whose MoE quantization method has no EPLB in vLLM 0.32.0: FusedMoE raises NotImplementedError
+# "EPLB is not supported <method>" when `quant_method.supports_eplb` is False (fused_moe/routed_experts.py). It is
+# True for unquantized, FP8 (fp8.py, online FP8), ModelOpt NVFP4 and MXFP4 MoE methods, False for the int4/int8
+# ones (AWQ, GPTQ, compressed-tensors W8A8-int8; WNA16 only on its Triton backend): an int4/int8 checkpoint is
+# planned without EPLB.
+EPLB_UNSUPPORTED_CHECKPOINT_DTYPES = ("int4", "int8")
+
+
 def eplb_supported(model: Any) -> bool:
-    """Whether vLLM 0.32.0 balances `model`'s experts (its model class implements MixtureOfExperts)."""
+    """Whether vLLM 0.32.0 balances `model`'s experts: its model class implements MixtureOfExperts and its
+    checkpoint's MoE quantization method supports EPLB (`native_dtype`: the checkpoint's dtype)."""
+    if (getattr(model, "native_dtype", "") or "") in EPLB_UNSUPPORTED_CHECKPOINT_DTYPES:
+        return False
     return not any(family_of(model).startswith(f) for f in EPLB_UNSUPPORTED_FAMILIES)
 
 
@@ -252,11 +263,16 @@ def eplb_explain(candidate: Candidate, serving: ServingOptions, flags: dict[str,
         return
     n = redundant_experts(layout_, eplb_model(serving), serving.expert_load_balancing)
     if n <= 0:
-        why = (f"vLLM {VERSION}'s model class for {serving.model_name or serving.model} does not implement "
-               "MixtureOfExperts (no redundant experts)" if not eplb_supported(eplb_model(serving)) else
-               "the model's expert count is not known, so no redundant experts were planned")
-        explain.append(Explanation("--enable-eplb", "false", f"not rendered: {why}",
-                                   f"vllm/model_executor/models/interfaces.py v{VERSION}",
+        model = eplb_model(serving)
+        if model.native_dtype in EPLB_UNSUPPORTED_CHECKPOINT_DTYPES:
+            why = (f"vLLM {VERSION} has no EPLB for {model.native_dtype} MoE checkpoints (their quantization "
+                   "method's supports_eplb is False: fused_moe/routed_experts.py)")
+        elif not eplb_supported(model):
+            why = (f"vLLM {VERSION}'s model class for {model.name} does not implement MixtureOfExperts "
+                   "(no redundant experts; models/interfaces.py)")
+        else:
+            why = "the model's expert count is not known, so no redundant experts were planned"
+        explain.append(Explanation("--enable-eplb", "false", f"not rendered: {why}", f"vLLM v{VERSION}",
                                    "warning" if serving.expert_load_balancing == "enabled" else "info"))
         return
     flags["--enable-eplb"] = True
