@@ -3,7 +3,7 @@ renders through vLLM 0.32.0's own parser and config).
 
 Each test failed before its fix (vllm-conf branch): max_num_seqs was rendered per replica although vLLM
 counts it per DP rank; pinned int4/int8/fp4 weights planned and rendered no flag; int8/fp4 KV rendered
-nothing; EPLB was rendered without redundant experts; online FP8 was the deprecated `--quantization fp8`.
+nothing; EPLB was not rendered (now: with the redundant experts the memory fit holds); online FP8 was the deprecated `--quantization fp8`.
 """
 
 from __future__ import annotations
@@ -111,14 +111,17 @@ def test_kv_cache_dtypes_render_vllms_flag_or_are_refused():
     assert res.plan.choice is None and any("MLA" in r.reason for r in res.plan.rejected)
 
 
-def test_eplb_is_not_rendered_without_redundant_experts_and_says_why():
-    for setting, level in (("auto", "info"), ("enabled", "warning")):
+def test_eplb_is_rendered_with_the_planned_redundant_experts():
+    # before the eplb branch vLLM rendered no EPLB at all (the memory fit held no redundant experts); now auto and
+    # enabled render --enable-eplb with one redundant expert per EP rank, the count the memory fit holds
+    for setting in ("auto", "enabled"):
         res = plan_place_render(_llmd("deepseek-r1", parallelism={"tensor": 1, "expert": 8, "pipeline": 1},
                                       gpus={"maxGpus": 8, "products": ["NVIDIA-H200"]},
                                       engine={"kind": "vllm", "expertLoadBalancing": setting}), FLEETS["mixed"])
-        assert "--enable-eplb" not in _args(res)
-        why = [e for e in res.rendered.explain if e.subject == "--enable-eplb"]
-        assert why and why[0].level == level and "num_redundant_experts" in why[0].reason
+        args = _args(res)
+        assert "--enable-eplb" in args
+        assert yaml.safe_load(_arg(args, "--eplb-config"))["num_redundant_experts"] == 8
+        assert res.plan.choice.memory.redundant_expert_bytes > 0
 
 
 def test_image_and_memory_fraction_default_are_the_pinned_versions():

@@ -16,6 +16,7 @@ import pytest
 from _golden import GOLDEN, check_golden
 from _gpu_nodes import gb200_nvl72, hgx_h100, l40s
 
+from meshplan.catalog.models import get_model
 from meshplan.placement import place, request_for_layout
 from meshplan.planner.types import Candidate, Layout, MemoryFit, Prediction
 from meshplan.render import NetworkOptions, Owner, PodOptions, render_deployment
@@ -71,8 +72,11 @@ def render_scenario(engine: str, fleet: str) -> list[dict]:
     cand = Candidate(layout=layout, weight_dtype=wd, kv_dtype=kvd, chunk_size=chunk, max_num_seqs=seqs,
                      memory=_MEM, prediction=_PRED, engine=engine)
     # max_model_len: what options_from_spec always renders (spec.workload ISL + OSL by default, 1024 + 256)
+    # num_experts / model_name: what options_from_spec gives the renderer from the catalogue (the EPLB rule)
+    arch = get_model(model)
     serving = ServingOptions(engine=engine, model=model, served_name=model.split("/")[-1].lower(),
-                             checkpoint_dtype=ckpt, max_model_len=1280)
+                             checkpoint_dtype=ckpt, max_model_len=1280, num_experts=arch.num_experts,
+                             model_name=arch.name)
     pods = PodOptions(weights_secret=("hf-token", "token"), image=NEW_ENGINE_IMAGES.get(engine))
     out = render_deployment(Owner("llm", "serving", "0b9e4c1a-5f6d-4e1a-9c1b-1234567890ab"), cand, placement,
                             topo, serving, network, pods)

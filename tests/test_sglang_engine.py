@@ -22,6 +22,10 @@ def _argv(layout, *, model="deepseek-ai/DeepSeek-R1", wd="fp8", kvd="fp8", ckpt=
           mem=_MEM, gpu="", **serving) -> list[str]:
     cand = Candidate(layout=layout, weight_dtype=wd, kv_dtype=kvd, chunk_size=chunk, max_num_seqs=seqs,
                      memory=mem, prediction=_PRED, engine="sglang", gpu=gpu)
+    try:   # the expert count options_from_spec gives the renderer (the EPLB rule sizes redundant experts by it)
+        serving.setdefault("num_experts", get_model(model).num_experts)
+    except KeyError:
+        pass
     opts = ServingOptions(engine="sglang", model=model, checkpoint_dtype=ckpt, **serving)
     return list(engine_command(cand, opts, PodRole(gpus_per_pod=layout.tp * layout.ep)).args)
 

@@ -34,6 +34,8 @@ from meshplan.api.models import LLMDeployment
 from meshplan.catalog.gpus import get_gpu
 from meshplan.devcluster.fleets import fleet_nodes, load_fleet
 from meshplan.engines import vllm as vllm_engine
+from meshplan.planner import model_from_spec
+from meshplan.planner.engines import redundant_experts
 from meshplan.render.pipeline import plan_place_render
 from meshplan.topology import build_topology
 
@@ -151,13 +153,35 @@ CASES: list[tuple[str, dict, str]] = [
                                               extraArgs=["--max-logprobs", "5", "--long_prefill_token_threshold",
                                                          "64", "--seed=7"])), "mixed"),
     # EP across pods: DeepSeek-R1 EP16 (TP1 x DP16) on four 4-GPU GB200 nodes of one NVL72 domain,
-    # --data-parallel-start-rank workers, EPLB enabled (not rendered for vLLM: no redundant experts planned)
+    # --data-parallel-start-rank workers, EPLB enabled (16 redundant experts, one per EP rank: 272 = 17 per GPU)
     ("ep16-dp-4nodes", _base("deepseek-r1", parallelism={"tensor": 1, "expert": 16, "pipeline": 1},
                              gpus={"maxGpus": 16}, **_engine(expertLoadBalancing="enabled")), "gb200-nvl72"),
+    # EPLB auto on the DeepSeek-R1 EP8 (TP1 x DP8) H200 node: 8 redundant experts (264 = 33 per GPU)
+    ("ep8-eplb-h200", _base("deepseek-r1", parallelism={"tensor": 1, "expert": 8, "pipeline": 1},
+                            gpus={"maxGpus": 8, "products": ["NVIDIA-H200"]}), "mixed"),
     # EP with TP inside the DP ranks (TP2 x DP4), EPLB auto
     ("tp2-ep4-node", _base("deepseek-r1", parallelism={"tensor": 2, "expert": 4, "pipeline": 1},
                            gpus={"maxGpus": 8, "products": ["NVIDIA-H200"]}), "mixed"),
 ]
+
+
+CASES_BY_ID = {case: (manifest, fleet) for case, manifest, fleet in CASES}
+
+
+def test_eplb_cases_run_redundant_experts(conformance):
+    """Issue 15 (EPLB gets redundant experts or is not rendered): vLLM's own config of the EP16-over-4-GB200 and
+    the DeepSeek-R1 EP8 H200 cases has EPLB on with one redundant expert per EP rank, and 0 where disabled.
+    Before the eplb branch vLLM rendered no EPLB (enable_eplb False in every case)."""
+    ep16 = _leader(conformance, "ep16-dp-4nodes")
+    ep8 = _leader(conformance, "ep8-eplb-h200")
+    assert ep16["enable_eplb"] and ep16["num_redundant_experts"] == 16 and ep16["experts"]["physical_experts"] == 272
+    assert ep8["enable_eplb"] and ep8["num_redundant_experts"] == 8 and ep8["experts"]["physical_experts"] == 264
+    assert ep8["experts"]["window_size"] == vllm_engine.EPLB_WINDOW_SIZE
+    assert ep8["experts"]["step_interval"] == vllm_engine.EPLB_STEP_INTERVAL
+    off = _leader(conformance, "ep8-dp-attention-node")
+    assert off["enable_eplb"] is False and off["num_redundant_experts"] == 0
+    for i in range(len(conformance["rendered"]["ep16-dp-4nodes"].pods)):   # every pod: leader and workers
+        assert conformance["results"][f"ep16-dp-4nodes/pod{i}"]["config"]["num_redundant_experts"] == 16
 
 
 def _gpu_of(name: str, count: int) -> dict:
@@ -271,7 +295,16 @@ def test_the_config_vllm_builds_is_the_plan(conformance):
             assert cfg["gpu_memory_utilization"] == pytest.approx(0.9), case
             want_kv = vllm_engine.KV_CACHE_DTYPES.get(c.kv_dtype, "auto")
             assert cfg["cache_dtype"] == want_kv, (case, c.kv_dtype)
-            assert cfg["enable_eplb"] is False, case        # no redundant experts planned: EPLB not rendered
+            # EPLB: vLLM runs exactly the redundant experts the plan's memory fit holds (the engine module's rule)
+            spec = LLMDeployment.from_manifest(dict(CASES_BY_ID[case][0])).spec
+            want = redundant_experts("vllm", c.layout, model_from_spec(spec.model), spec.engine.expert_load_balancing)
+            assert cfg["enable_eplb"] is (want > 0), (case, cfg)
+            assert cfg["num_redundant_experts"] == want, (case, cfg["num_redundant_experts"], want)
+            assert (c.memory.redundant_expert_bytes > 0) is (want > 0), case
+            if want:
+                placed = cfg["experts"]
+                assert placed["physical_experts"] == placed["logical_experts"] + want, (case, placed)
+                assert placed["even_over_ep"], (case, placed)     # FusedMoE's even-distribution rule
 
 
 def _flag(pod: dict, flag: str) -> int | None:

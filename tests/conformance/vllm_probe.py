@@ -193,6 +193,23 @@ def _summary(cfg) -> dict:
     }
 
 
+def _expert_placement(cfg) -> dict:
+    """With EPLB on: vLLM's own count of physical experts (FusedMoE's `determine_expert_counts`) and whether they
+    spread evenly over the EP group (FusedMoE refuses otherwise at model construction: "EPLB currently only supports
+    even distribution of experts across ranks"; EP = TP x DP with --enable-expert-parallel)."""
+    par = cfg.parallel_config
+    if not par.enable_eplb:
+        return {}
+    from vllm.model_executor.layers.fused_moe.layer import determine_expert_counts
+
+    logical = cfg.model_config.get_num_experts()
+    physical, _, _ = determine_expert_counts(logical, par.eplb_config.num_redundant_experts, None, False)
+    ep = par.tensor_parallel_size * par.data_parallel_size
+    return {"logical_experts": logical, "physical_experts": physical, "ep_size": ep,
+            "even_over_ep": physical % ep == 0, "window_size": par.eplb_config.window_size,
+            "step_interval": par.eplb_config.step_interval}
+
+
 def run_case(top, cmd, case: dict) -> dict:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
@@ -218,6 +235,8 @@ def run_case(top, cmd, case: dict) -> dict:
         cfg = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER,
                                                headless=bool(args.headless))
         out["config"] = _summary(cfg)
+        out["stage"] = "experts"
+        out["config"]["experts"] = _expert_placement(cfg)
         out["ok"] = True
         out["stage"] = "done"
     except Exception as exc:  # the engine's own refusal, verbatim

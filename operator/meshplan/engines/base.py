@@ -137,6 +137,7 @@ class ServingOptions:
     allow_plan_override: bool = False
     port: int = HTTP_PORT
     num_experts: int = 0                    # routed experts of the model (0: dense or unknown); TRT-LLM EPLB slots
+    model_name: str = ""                    # the planner's model (catalogue / architecture name): the EPLB rule's family
 
 
 @dataclass(frozen=True)
@@ -271,6 +272,41 @@ def sixteen_bit_only(title: str, model: Any, weight_dtype: str, kv_dtype: str) -
     return None
 
 
+# ---- EPLB: redundant experts -----------------------------------------------------------------
+
+def one_per_rank(num_experts: int, ep_size: int) -> int:
+    """Redundant experts for an EP group of `ep_size` ranks: one per rank, as DeepSeek's and the peers' EP
+    deployments run (DeepSeek-R1 EP32: 256 + 32 = 288 physical experts, 9 per GPU: DeepSeek-V3/R1 inference
+    system overview, LMSYS blog 2025-05-05 large-scale EP, vLLM eplb_state.py glossary), topped up to the next
+    count that makes (experts + redundant) divide by the EP size, which vLLM 0.32.0 (FusedMoE: "EPLB currently
+    only supports even distribution of experts across ranks") and SGLang 0.5.23 (eplb/expert_location.py
+    `assert num_physical_experts % ep_size == 0`) both require. 0 when there is no EP group or the expert count
+    is not known (then the engine is not told to balance: EPLB without redundant experts is not rendered)."""
+    if ep_size <= 1 or num_experts <= 0:
+        return 0
+    return ep_size + (-(num_experts + ep_size)) % ep_size
+
+
+def no_redundant_experts(layout: Layout, model: Any = None, balancing: str = "auto") -> int:
+    """The rule of an engine meshplan renders no EPLB for (NIM, DeepSpeed-MII): no redundant experts."""
+    return 0
+
+
+def eplb_model(serving: ServingOptions) -> Any:
+    """What the redundant-experts rule reads of the model at render time (name, expert count, checkpoint dtype), from
+    the serving options: the same facts the planner's `ModelArch` gives it at search time."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name=serving.model_name or serving.model, num_experts=serving.num_experts,
+                           native_dtype=serving.checkpoint_dtype)
+
+
+def family_of(model: Any) -> str:
+    """A model's lower-case name without its organisation (`openai/gpt-oss-120b` -> `gpt-oss-120b`)."""
+    name = model if isinstance(model, str) else getattr(model, "name", "") or ""
+    return name.lower().rsplit("/", 1)[-1]
+
+
 class EngineModule(Protocol):
     """The interface every engine module implements (module-level names)."""
 
@@ -292,3 +328,8 @@ class EngineModule(Protocol):
 
     def command(self, candidate: Candidate, serving: ServingOptions, role: PodRole, el: EngineLayout,
                 explain: list[Explanation]) -> EngineCommand: ...
+
+    # Optional (default `no_redundant_experts`): redundant experts the engine runs for `layout` with
+    # spec.engine.expertLoadBalancing `balancing`; the planner's memory fit and performance model and the
+    # renderer's EPLB flags all read this one count (planner.engines.redundant_experts).
+    def redundant_experts(self, layout: Layout, model: Any = None, balancing: str = "auto") -> int: ...

@@ -31,6 +31,9 @@ from typing import Any
 
 from meshplan.engines.base import (
     EngineCommand,
+    eplb_model,
+    family_of,
+    one_per_rank,
     EngineLayout,
     Explanation,
     PodRole,
@@ -172,9 +175,22 @@ def weight_flags(weight_dtype: str, checkpoint_dtype: str, explain: list[Explana
         f"point spec.model.weights at a {weight_dtype} checkpoint or choose weights fp8")
 
 
-def eplb_supported(model: str) -> bool:
-    """Whether SGLang 0.5.23 can run EPLB for `model` (HF id or catalogue name); see EPLB_UNSUPPORTED_FAMILIES."""
-    name = (model or "").lower().rsplit("/", 1)[-1]
+def redundant_experts(layout: Layout, model: Any = None, balancing: str = "auto") -> int:
+    """Redundant experts SGLang runs for `layout` (0: no EPLB is rendered): with expertLoadBalancing auto or
+    enabled, an EP layout (`--ep-size ep`) of a model SGLang 0.5.23 balances (`eplb_supported`), one per EP rank
+    (`base.one_per_rank`: SGLang asserts (experts + redundant) % ep-size == 0, eplb/expert_location.py). The
+    planner's memory fit and performance model and `command` read it."""
+    if balancing == "disabled" or layout.ep <= 1 or not eplb_supported(model):
+        return 0
+    return one_per_rank(getattr(model, "num_experts", 0) or 0, layout.ep)
+
+
+def eplb_supported(model: Any) -> bool:
+    """Whether SGLang 0.5.23 can run EPLB for `model` (HF id, catalogue name, or a model with a `name`); see
+    EPLB_UNSUPPORTED_FAMILIES."""
+    if not isinstance(model, str):
+        model = getattr(model, "name", "") or ""
+    name = family_of(model)
     try:
         from meshplan.catalog.models import get_model
 
@@ -247,7 +263,8 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
         flags["--cuda-graph-backend-decode"] = "disabled"
         flags["--cuda-graph-backend-prefill"] = "disabled"
     if layout_.ep > 1 and serving.expert_load_balancing != "disabled":
-        if not eplb_supported(serving.model):
+        family = serving.model_name or serving.model
+        if not (eplb_supported(serving.model) and eplb_supported(family)):
             if serving.expert_load_balancing == "enabled":
                 raise RenderError(f"spec.engine.expertLoadBalancing enabled: SGLang 0.5.23 has no EPLB for "
                                   f"{serving.model} (its model class lacks get_model_config_for_expert_location; "
@@ -256,16 +273,27 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
                                        "(start-up would assert); expert load balancing not rendered",
                                        "SGLang 0.5.23 eplb/expert_distribution.py", "warning"))
         else:
-            flags["--enable-eplb"] = True
-            # one redundant expert per GPU of the EP group (DeepSeek's EP32 deployment: 256 + 32 = 288 physical
-            # experts); SGLang places num_experts + redundant physical experts over ep-size ranks
-            # (eplb/expert_location.py), so experts % ep == 0 keeps (experts + ep) % ep == 0.
-            flags["--ep-num-redundant-experts"] = layout_.ep
-            explain.append(Explanation("--enable-eplb", "true", "expert parallelism over several GPUs: balance hot "
-                                       "experts (spec.engine.expertLoadBalancing)", "SGLang server arguments"))
-            explain.append(Explanation("--ep-num-redundant-experts", str(layout_.ep),
-                                       "one redundant expert slot per EP rank for EPLB to replicate hot experts into",
-                                       "SGLang 0.5.23 eplb/expert_location.py"))
+            n = redundant_experts(layout_, eplb_model(serving), serving.expert_load_balancing)
+            if n <= 0:
+                explain.append(Explanation("--enable-eplb", "false", "not rendered: the model's expert count is not "
+                                           "known, so no redundant experts were planned",
+                                           "SGLang 0.5.23 eplb/expert_location.py",
+                                           "warning" if serving.expert_load_balancing == "enabled" else "info"))
+            else:
+                from meshplan.planner.perf import eplb_balance
+
+                flags["--enable-eplb"] = True
+                flags["--ep-num-redundant-experts"] = n
+                gib = getattr(candidate.memory, "redundant_expert_bytes", 0.0) / 2**30
+                b0, b1 = eplb_balance(layout_.ep, 0), eplb_balance(layout_.ep, n)
+                explain.append(Explanation("--enable-eplb", "true", "expert parallelism over several GPUs: balance hot "
+                                           "experts (spec.engine.expertLoadBalancing)", "SGLang server arguments"))
+                explain.append(Explanation(
+                    "--ep-num-redundant-experts", str(n),
+                    f"{n} redundant experts over --ep-size {layout_.ep} ({(serving.num_experts + n) // layout_.ep} "
+                    f"physical experts per rank), {gib:.2f} GiB per GPU held by the plan's memory fit; predicted MoE "
+                    f"balance (mean/max rank load) {b0:.2f} -> {b1:.2f}: the busiest rank's expert work "
+                    f"{1 - b0 / b1:.0%} shorter", "SGLang 0.5.23 eplb/expert_location.py"))
     if multi:
         flags["--dist-init-addr"] = f"{leader}:{SGLANG_DIST_PORT}"
         flags["--nnodes"] = role.pods

@@ -177,6 +177,17 @@ def check_precision(model: Any, gpu: Any, weight_dtype: str, kv_dtype: str) -> s
 
 # ---- EPLB -----------------------------------------------------------------------------------
 
+def redundant_experts(layout: Layout, model: Any = None, balancing: str = "auto") -> int:
+    """Redundant expert slots TensorRT-LLM runs for `layout` (0: no load balancer): only with
+    expertLoadBalancing enabled (auto renders none), one per EP rank (moe_expert_parallel_size = ep;
+    `base.one_per_rank`, num_slots = experts + this). The planner's memory fit and `load_balancer` read it."""
+    from meshplan.engines.base import one_per_rank
+
+    if balancing != "enabled" or layout.ep <= 1:
+        return 0
+    return one_per_rank(getattr(model, "num_experts", 0) or 0, layout.ep)
+
+
 def load_balancer(serving: ServingOptions, moe_ep: int, explain: list[Explanation]) -> dict[str, Any] | None:
     """`moe_config.load_balancer` for `expertLoadBalancing: enabled`, or None (with the reason).
 
@@ -195,9 +206,12 @@ def load_balancer(serving: ServingOptions, moe_ep: int, explain: list[Explanatio
         explain.append(Explanation("expertLoadBalancing", "enabled", f"not rendered: {why}",
                                    "TensorRT-LLM MoE load balancer", "warning"))
         return None
-    slots = serving.num_experts + moe_ep
+    from meshplan.engines.base import eplb_model
+
+    extra = redundant_experts(Layout(1, moe_ep), eplb_model(serving), serving.expert_load_balancing)
+    slots = serving.num_experts + extra
     explain.append(Explanation("moe_config.load_balancer", f"num_slots {slots}",
-                               f"{serving.num_experts} experts + {moe_ep} redundant (one per EP rank), rebalanced "
+                               f"{serving.num_experts} experts + {extra} redundant (one per EP rank), rebalanced "
                                "online (layer_updates_per_iter 1)", "TensorRT-LLM wide-EP load balancer"))
     return {"num_slots": slots, "layer_updates_per_iter": 1}
 

@@ -20,10 +20,14 @@ Multi-node bootstrap (one pod per node slice; rank 0 is the leader):
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from meshplan.engines.base import (
     EngineCommand,
+    eplb_model,
+    family_of,
+    one_per_rank,
     EngineKnobs,
     EngineLayout,
     Explanation,
@@ -48,6 +52,46 @@ DEFAULT_IMAGE = f"vllm/vllm-openai:v{VERSION}"
 
 VLLM_MASTER_PORT = 29501      # vLLM ParallelConfig.master_port default
 VLLM_DP_RPC_PORT = 13345      # port used in vLLM's data-parallel deployment docs
+
+
+# ---- EPLB -----------------------------------------------------------------------------------
+# vLLM 0.32.0 EPLB (vllm/config/parallel.py EPLBConfig and ParallelConfig checks): `--enable-eplb` needs
+# `--enable-expert-parallel` and TP x PCP x DP > 1 (here: an EP layout, ep > 1); redundant experts are
+# `--eplb-config '{"num_redundant_experts": N}'` (default 0, which only moves whole experts between GPUs) and
+# need EPLB on; FusedMoE (model_executor/layers/fused_moe/layer.py) refuses (experts + N) % EP != 0 ("EPLB
+# currently only supports even distribution of experts across ranks"), EP = TP x DP. EPLBConfig defaults:
+# window_size 1000, step_interval 3000 (steps), rendered explicitly so the pod says what it runs.
+EPLB_WINDOW_SIZE = 1000
+EPLB_STEP_INTERVAL = 3000
+# Model families whose vLLM 0.32.0 model class does not implement MixtureOfExperts (models/interfaces.py; the
+# classes that do: deepseek_v2, qwen3_moe, mixtral, glm4_moe, llama4, ...): gpt_oss.py builds its FusedMoE with
+# num_redundant_experts=0 and minimax_m2.py has no EPLB state, so EPLB would hold no redundant experts there.
+EPLB_UNSUPPORTED_FAMILIES = ("gpt-oss", "minimax-m2")
+
+
+# Checkpoints whose MoE quantization method has no EPLB in vLLM 0.32.0: FusedMoE raises NotImplementedError
+# "EPLB is not supported <method>" when `quant_method.supports_eplb` is False (fused_moe/routed_experts.py). It is
+# True for unquantized, FP8 (fp8.py, online FP8), ModelOpt NVFP4 and MXFP4 MoE methods, False for the int4/int8
+# ones (AWQ, GPTQ, compressed-tensors W8A8-int8; WNA16 only on its Triton backend): an int4/int8 checkpoint is
+# planned without EPLB.
+EPLB_UNSUPPORTED_CHECKPOINT_DTYPES = ("int4", "int8")
+
+
+def eplb_supported(model: Any) -> bool:
+    """Whether vLLM 0.32.0 balances `model`'s experts: its model class implements MixtureOfExperts and its
+    checkpoint's MoE quantization method supports EPLB (`native_dtype`: the checkpoint's dtype)."""
+    if (getattr(model, "native_dtype", "") or "") in EPLB_UNSUPPORTED_CHECKPOINT_DTYPES:
+        return False
+    return not any(family_of(model).startswith(f) for f in EPLB_UNSUPPORTED_FAMILIES)
+
+
+def redundant_experts(layout: Layout, model: Any = None, balancing: str = "auto") -> int:
+    """Redundant experts vLLM runs for `layout` (0: no EPLB is rendered): with expertLoadBalancing auto or
+    enabled, an EP layout (EP group = TP x DP ranks, experts whole) of a model whose vLLM class balances,
+    one per EP rank (`base.one_per_rank`). The planner's memory fit and performance model and `command` read it."""
+    if balancing == "disabled" or layout.ep <= 1 or not eplb_supported(model):
+        return 0
+    return one_per_rank(getattr(model, "num_experts", 0) or 0, layout.tp * layout.ep)
 
 
 def check_layout(layout: Layout, model: Any = None, *, a2a_backend: str | None = None) -> str | None:
@@ -211,6 +255,48 @@ def layout(layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int |
     return EngineLayout(engine=NAME, flags=flags, pp=pp, exact=exact, notes=tuple(notes), **eff)
 
 
+def eplb_explain(candidate: Candidate, serving: ServingOptions, flags: dict[str, Any],
+                 explain: list[Explanation]) -> None:
+    """`--enable-eplb --eplb-config {...}` with the planned redundant experts (`redundant_experts`), or why not."""
+    layout_ = candidate.layout
+    if layout_.ep <= 1 or serving.expert_load_balancing == "disabled":
+        return
+    n = redundant_experts(layout_, eplb_model(serving), serving.expert_load_balancing)
+    if n <= 0:
+        model = eplb_model(serving)
+        if model.native_dtype in EPLB_UNSUPPORTED_CHECKPOINT_DTYPES:
+            why = (f"vLLM {VERSION} has no EPLB for {model.native_dtype} MoE checkpoints (their quantization "
+                   "method's supports_eplb is False: fused_moe/routed_experts.py)")
+        elif not eplb_supported(model):
+            why = (f"vLLM {VERSION}'s model class for {model.name} does not implement MixtureOfExperts "
+                   "(no redundant experts; models/interfaces.py)")
+        else:
+            why = "the model's expert count is not known, so no redundant experts were planned"
+        explain.append(Explanation("--enable-eplb", "false", f"not rendered: {why}", f"vLLM v{VERSION}",
+                                   "warning" if serving.expert_load_balancing == "enabled" else "info"))
+        return
+    flags["--enable-eplb"] = True
+    config = {"num_redundant_experts": n, "window_size": EPLB_WINDOW_SIZE, "step_interval": EPLB_STEP_INTERVAL}
+    flags["--eplb-config"] = json.dumps(config, separators=(",", ":"))
+    ep = layout_.tp * layout_.ep
+    mem = getattr(candidate, "memory", None)
+    gib = getattr(mem, "redundant_expert_bytes", 0.0) / 2**30 if mem is not None else 0.0
+    explain.append(Explanation(
+        "--eplb-config", flags["--eplb-config"],
+        f"EPLB (spec.engine.expertLoadBalancing {serving.expert_load_balancing}): {n} redundant experts over the "
+        f"EP{ep} group ({(serving.num_experts + n) // ep} physical experts per GPU), {gib:.2f} GiB per GPU held by "
+        f"the plan's memory fit; {eplb_gain_text(layout_, serving.num_experts, n)}; window/step are vLLM's "
+        "EPLBConfig defaults", f"vllm/config/parallel.py EPLBConfig v{VERSION}"))
+
+
+def eplb_gain_text(layout_: Layout, num_experts: int, n: int) -> str:
+    from meshplan.planner.perf import eplb_balance
+
+    b0, b1 = eplb_balance(layout_.tp * layout_.ep, 0), eplb_balance(layout_.tp * layout_.ep, n)
+    return (f"predicted MoE balance (mean/max rank load) {b0:.2f} -> {b1:.2f}: the busiest rank's expert work "
+            f"{1 - b0 / b1:.0%} shorter")
+
+
 def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: EngineLayout,
             explain: list[Explanation]) -> EngineCommand:
     layout_ = candidate.layout
@@ -239,18 +325,7 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
     flags["--scheduling-policy"] = serving.scheduling_policy
     if serving.cuda_graphs == "disabled":
         flags["--enforce-eager"] = True
-    if layout_.ep > 1 and serving.expert_load_balancing != "disabled":
-        # vLLM's EPLB balances load by replicating hot experts (`--eplb-config '{"num_redundant_experts": N}'`,
-        # vllm/config/parallel.py EPLBConfig, default 0): each redundant expert is one more expert's weights on
-        # a GPU, memory the planner's fit does not hold; with 0 it only moves whole experts between GPUs.
-        # So meshplan renders no EPLB for vLLM (vLLM's default is off) and says so.
-        explain.append(Explanation(
-            "--enable-eplb", "false", "not rendered: vLLM's EPLB needs redundant experts (--eplb-config "
-            "num_redundant_experts) whose weights the plan's memory fit does not hold, and without them it only "
-            "moves experts between GPUs" + ("" if serving.expert_load_balancing == "auto" else
-                                           "; spec.engine.expertLoadBalancing enabled is not applied to vLLM"),
-            f"vllm/config/parallel.py EPLBConfig v{VERSION}",
-            "info" if serving.expert_load_balancing == "auto" else "warning"))
+    eplb_explain(candidate, serving, flags, explain)
     fraction = flags.get("--gpu-memory-utilization")
     if fraction is not None and serving.memory_fraction is None:
         explain.append(Explanation("--gpu-memory-utilization", str(fraction), "rendered explicitly: the fraction the "

@@ -187,6 +187,10 @@ def plan(
         extra["engine_args"] = e.argv()
         extra["engine_config"] = e.config
         extra["engine_notes"] = list(e.notes)
+        eplb = _eplb_summary(chosen.choice, engine, model, space, e.moe_ep)
+        if eplb:
+            extra["eplb"] = eplb
+            extra.setdefault("notes", []).append(eplb["text"])
     extra["eligible"] = chosen.eligible
     extra["slo"] = slo is not None
     topo_line = _topology_comparison(candidates, chosen.choice, objective, slo, fleet, rejected,
@@ -207,6 +211,27 @@ def plan(
         model=getattr(model, "name", ""),
         extra=extra,
     )
+
+
+def _eplb_summary(choice: Any, engine: Engine, model: Any, space: SearchSpace, ep_size: int) -> dict[str, Any]:
+    """The chosen layout's EPLB as the plan explains it: redundant experts (the engine's rule), their GiB per GPU
+    (held in the memory fit) and the predicted balance gain (`perf.eplb_balance`); {} without EPLB."""
+    from meshplan.planner.engines import redundant_experts
+    from meshplan.planner.perf import eplb_balance
+
+    if not getattr(model, "is_moe", False) or choice.layout.ep <= 1:
+        return {}
+    r = redundant_experts(engine, choice.layout, model, space.expert_load_balancing)
+    if r <= 0:
+        return {}
+    gib = choice.memory.redundant_expert_bytes / 2**30
+    b0, b1 = eplb_balance(ep_size, 0), eplb_balance(ep_size, r)
+    text = (f"EPLB (spec.engine.expertLoadBalancing {space.expert_load_balancing}): {r} redundant experts over the "
+            f"EP{ep_size} group ({(model.num_experts + r) // ep_size} physical experts per GPU) hold "
+            f"{gib:.2f} GiB per GPU, in the memory fit; predicted MoE balance (mean/max rank load) {b0:.2f} -> "
+            f"{b1:.2f}: the busiest rank's expert work {1 - b0 / b1:.0%} shorter")
+    return {"redundant_experts": r, "ep_size": ep_size, "gib_per_gpu": round(gib, 3),
+            "balance_without": round(b0, 3), "balance_with": round(b1, 3), "text": text}
 
 
 def _domain_gpus_for(gpu_name: str, fleet: Any, specs: dict[str, Any] | None = None) -> int:
@@ -307,6 +332,7 @@ def plan_to_dict(p: Plan, *, rejected: bool = True) -> dict[str, Any]:
         "evaluated": p.evaluated, "eligible": p.extra.get("eligible"),
         "warnings": list(p.extra.get("warnings", [])),
         "search": p.extra.get("per_gpu"),
+        "eplb": {k: v for k, v in p.extra.get("eplb", {}).items() if k != "text"} or None,
     }
     if rejected:
         out["rejected"] = [{"layout": r.layout.label(), "tp": r.layout.tp, "ep": r.layout.ep, "pp": r.layout.pp,
@@ -388,6 +414,7 @@ def plan_inputs_from_spec(spec: Any) -> dict[str, Any]:
         chunk_sizes=(chunk,) if chunk else SearchSpace().chunk_sizes,
         max_num_seqs=(seqs,) if seqs else SearchSpace().max_num_seqs, max_num_seqs_pinned=bool(seqs),
         weight_dtype=pr.weights, kv_dtype=pr.kv_cache, accuracy_floor=pr.accuracy_floor,
+        expert_load_balancing=spec.engine.expert_load_balancing,
     )
     replicas = None
     if "replicas" in spec.model_fields_set and not spec.autoscaling.enabled and spec.replicas > 0:

@@ -78,6 +78,15 @@ def engine_knobs(engine: Engine, layout: Layout, chunk_size: int | None, max_num
     return getattr(_engines.get(engine), "knobs", same_knobs)(layout, chunk_size, max_num_seqs)
 
 
+def redundant_experts(engine: Engine, layout: Layout, model: Any = None, balancing: str = "auto") -> int:
+    """EPLB's redundant experts `engine` runs for `layout` with spec.engine.expertLoadBalancing `balancing`: the
+    engine module's `redundant_experts` rule (e.g. `engines.vllm.redundant_experts`; none where a module has no
+    rule). The search holds them in the memory fit and prices their balance; the renderer spells the same count."""
+    from meshplan.engines.base import no_redundant_experts
+
+    return getattr(_engines.get(engine), "redundant_experts", no_redundant_experts)(layout, model, balancing)
+
+
 def check_precision(engine: Engine, model: Any, gpu: Any, weight_dtype: str, kv_dtype: str) -> str | None:
     """Why `engine` cannot run these weight / KV dtypes for `model` on `gpu` (None when it can): the engine
     module's `check_precision` where it has one (e.g. `engines.vllm.check_precision`)."""
@@ -126,4 +135,4 @@ def engine_layout(
                                        memory_fraction=memory_fraction, kv_dtype=kv_dtype, a2a_backend=a2a_backend)
 
 
-__all__ = ["ENGINES", "EngineLayout", "check_knobs", "check_precision", "engine_knobs", "check_layout", "check_pods", "engine_layout", "replica_pods"]
+__all__ = ["ENGINES", "EngineLayout", "check_knobs", "check_precision", "redundant_experts", "engine_knobs", "check_layout", "check_pods", "engine_layout", "replica_pods"]

@@ -83,6 +83,9 @@ class ReplicaMapping:
     moe_tp: int = 1
     moe_ep: int = 1
     pp: int = 1
+    # EPLB's redundant experts over the EP group (the engine module's `redundant_experts` rule): every EP rank
+    # holds (experts + redundant) / moe_ep experts (each split moe_tp ways); 0 without EPLB
+    redundant_experts: int = 0
 
     @classmethod
     def from_layout(cls, layout: Layout) -> "ReplicaMapping":
@@ -147,7 +150,8 @@ def weight_bytes_per_gpu(model: ModelArch, layout, weight_dtype: str) -> float:
     experts = 0.0
     if model.is_moe:
         experts = model.moe_layers * (
-            model.expert_params * model.num_experts * WEIGHT_BYTES[cd["experts"]] / (m.moe_ep * m.moe_tp)
+            model.expert_params * (model.num_experts + m.redundant_experts) * WEIGHT_BYTES[cd["experts"]]
+            / (m.moe_ep * m.moe_tp)
             + model.shared_expert_params_per_layer * WEIGHT_BYTES[cd["shared"]] / m.attn_tp
             + model.hidden_size * model.num_experts * 2.0  # router, bf16, replicated
         )
@@ -156,6 +160,17 @@ def weight_bytes_per_gpu(model: ModelArch, layout, weight_dtype: str) -> float:
     n_tables = 1 if model.tie_word_embeddings else 2
     emb = one_table * (n_tables if m.pp == 1 else 1)
     return (body + emb) * model.weight_scale
+
+
+def redundant_expert_bytes_per_gpu(model: ModelArch, layout, weight_dtype: str) -> float:
+    """Bytes of EPLB's redundant experts on one GPU of the fullest stage (part of `weight_bytes_per_gpu`):
+    redundant x one expert's weights over every MoE layer of the stage / (EP x MoE-TP)."""
+    m = as_mapping(layout)
+    if not model.is_moe or m.redundant_experts <= 0:
+        return 0.0
+    xb = WEIGHT_BYTES[component_dtypes(model, weight_dtype)["experts"]]
+    return (model.moe_layers * model.expert_params * m.redundant_experts * xb / (m.moe_ep * m.moe_tp) / m.pp
+            * model.weight_scale)
 
 
 def kv_bytes_per_token(model: ModelArch, layout, kv_dtype: str, *, include_sliding: bool = False) -> float:
@@ -261,7 +276,12 @@ def _memory_fit(model, gpu, m: ReplicaMapping, weight_dtype, kv_dtype, context_t
     reason = ""
     if kv_budget <= 0:
         # The limit, not `usable`: for TensorRT-LLM `usable` is built from `fixed` and would equal it.
-        reason = (f"weights {weights / GIB:.1f} GiB + activations {act / GIB:.1f} GiB + runtime "
+        held = redundant_expert_bytes_per_gpu(model, m, weight_dtype)
+        extra = ""
+        if held:
+            extra = (f" (of which {held / GIB:.1f} GiB are EPLB's {m.redundant_experts} redundant experts"
+                     + (": it fits with spec.engine.expertLoadBalancing disabled)" if fixed - held < limit else ")"))
+        reason = (f"weights {weights / GIB:.1f} GiB{extra} + activations {act / GIB:.1f} GiB + runtime "
                   f"{runtime / GIB:.1f} GiB = {fixed / GIB:.1f} GiB per GPU exceed the {limit / GIB:.1f} GiB "
                   f"usable on {gpu.name} ({limit_text}); use more TP/EP/PP or a smaller weight dtype")
         return MemoryFit(False, weights, kv_tok, act, runtime, limit, 0, 0, reason)
@@ -275,7 +295,8 @@ def _memory_fit(model, gpu, m: ReplicaMapping, weight_dtype, kv_dtype, context_t
         reason = (f"KV cache of {kv_budget / GIB:.1f} GiB per GPU cannot hold one sequence of "
                   f"{context_tokens} tokens ({per_seq_bytes / GIB:.2f} GiB); shorten max_context or "
                   f"add TP/PP")
-    return MemoryFit(fits, weights, kv_tok, act, runtime, usable, capacity_tokens, max_conc, reason)
+    return MemoryFit(fits, weights, kv_tok, act, runtime, usable, capacity_tokens, max_conc, reason,
+                     redundant_expert_bytes=redundant_expert_bytes_per_gpu(model, m, weight_dtype))
 
 
 def min_gpus_for_weights(model: ModelArch, gpu: GpuSpec, weight_dtype: str) -> int:

@@ -297,7 +297,8 @@ def _stage(model: ModelArch, gpu: GpuSpec, m: ReplicaMapping, weight_dtype: str,
         kv_tok_layer = 2.0 * kv_heads * model.head_dim * kvb
         core = 4.0 * heads * model.head_dim
         pre = core
-    experts_per_rank = model.num_experts / m.moe_ep if model.is_moe else 0.0
+    # physical experts per EP rank: EPLB's redundant copies are weights a rank reads too
+    experts_per_rank = (model.num_experts + m.redundant_experts) / m.moe_ep if model.is_moe else 0.0
     return _Stage(
         n_layers=L / pp,
         n_moe=model.moe_layers / pp,
@@ -371,7 +372,9 @@ def iteration_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams,
         t_all = T * m.attn_dp                       # tokens meeting in the EP group
         touched = st.experts_per_rank * (1.0 - (1.0 - k / E) ** t_all)
         pairs = t_all * k / m.moe_ep               # token-expert pairs per EP rank
-        t_exp = max(pairs * 2.0 * model.expert_params / m.moe_tp / (fl * (q.moe_gemm_eff or q.moe_eff)),
+        # EPLB: the busiest EP rank computes (and receives) `bal` of what it does without EPLB (eplb_gain)
+        bal = eplb_gain(m.moe_ep, m.redundant_experts)
+        t_exp = max(pairs * bal * 2.0 * model.expert_params / m.moe_tp / (fl * (q.moe_gemm_eff or q.moe_eff)),
                     touched * st.expert_w_bytes / (me_bw * q.moe_eff))
         if st.shared_w_bytes:
             t_exp += max(T * st.shared_flops_tok / fl, st.shared_w_bytes / me_bw)
@@ -380,12 +383,12 @@ def iteration_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams,
             tok_gpu = T / m.attn_tp
             a2a_s, _kernel = deepep_a2a_s(tok_gpu, k, model.hidden_size, st.dispatch_bytes, st.act_bytes,
                                           m.moe_tp * m.moe_ep, st.nic_gb_s)
-            t += st.n_moe * a2a_s
+            t += st.n_moe * a2a_s * bal
         elif m.moe_ep > 1:
             tok_gpu = T / m.attn_tp
             a2a = tok_gpu * k * model.hidden_size * (st.dispatch_bytes + st.act_bytes) * (m.moe_ep - 1) / m.moe_ep
             lat = q.nic_us if st.ep_cross else q.comm_us
-            t += st.n_moe * (a2a / (st.ep_bw * q.comm_eff) + 2 * (lat + q.a2a_peer_us * (m.moe_ep - 1)) * 1e-6)
+            t += st.n_moe * (a2a * bal / (st.ep_bw * q.comm_eff) + 2 * (lat + q.a2a_peer_us * (m.moe_ep - 1)) * 1e-6)
     # TP all-reduce: after attention and after FFN
     if m.attn_tp > 1:
         n = m.attn_tp
@@ -397,6 +400,44 @@ def iteration_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams,
     # LM head (last stage; charged once per token rotation, spread over stages)
     t += max(d * st.lm_flops_tok / fl, st.lm_w_bytes / me_bw) / m.pp
     return t * 1e3 + q.iter_ms / m.pp
+
+
+# ---- EPLB: expert load balance across EP ranks ---------------------------------------------------
+# Balancedness = mean / max of the MoE work of the EP ranks in one layer (LMSYS blog 2025-05-05 "Deploying
+# DeepSeek with PD Disaggregation and Large-scale Expert Parallelism on 96 H100 GPUs", section "Expert
+# Parallelism Load Balancer": measured as mean over maximum tokens per GPU; "as the number of GPUs (EP size)
+# increases, the imbalance issue gets more severe"; "even with EPLB, some imbalance is inevitable").
+# Model (meshplan's, anchored on that blog's figures):
+#   without EPLB the busiest rank carries I0(n) = 1 + A log2(n) times the mean (n EP ranks);
+#   with EPLB and R redundant experts the excess shrinks to I_R = 1 + (I0 - 1) n / (n + R)
+#   (one redundant expert per rank, R = n, halves it; more replicas of the hot experts shrink it further).
+# A = 0.1 per doubling is the smallest value consistent with the blog's EPLB ablation (1.49x prefill speedup
+# at EP32: a speedup of the whole step is at most the busiest rank's excess, so I0(32) >= 1.49); its decode
+# figure (2.54x at EP72) asks for more, so this is conservative.
+# The calibration rows (AIConfigurator silicon data) record no EPLB, i.e. they ran without it: the fitted
+# efficiencies already include I0, so the model scales the busiest rank's routed-expert GEMMs and its
+# dispatch/combine bytes by I_R / I0 (`eplb_gain`) and leaves every EPLB-off prediction unchanged. What EPLB
+# costs is priced too: each rank reads (experts + R) / n experts' weights (`_stage.experts_per_rank`) and
+# holds them (`memory.weight_bytes_per_gpu`).
+EPLB_IMBALANCE_PER_DOUBLING = 0.1
+
+
+def eplb_balance(ep_size: int, redundant: int) -> float:
+    """Predicted balancedness (mean / max rank load) of an EP group of `ep_size` ranks with `redundant`
+    redundant experts under EPLB (0: no EPLB); 1.0 without expert parallelism."""
+    if ep_size <= 1:
+        return 1.0
+    excess = EPLB_IMBALANCE_PER_DOUBLING * math.log2(ep_size)
+    if redundant > 0:
+        excess *= ep_size / (ep_size + redundant)
+    return 1.0 / (1.0 + excess)
+
+
+def eplb_gain(ep_size: int, redundant: int) -> float:
+    """The busiest EP rank's MoE work with EPLB over the work without it, I_R / I0 (1.0 when redundant is 0)."""
+    if redundant <= 0 or ep_size <= 1:
+        return 1.0
+    return eplb_balance(ep_size, 0) / eplb_balance(ep_size, redundant)
 
 
 def distinct_experts(num_experts: int, k: int, tokens: float) -> float:

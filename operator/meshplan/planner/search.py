@@ -103,6 +103,9 @@ class SearchSpace:
     memory_fraction: float = 0.9
     headroom: float = 0.0
     a2a_backend: str | None = None
+    # spec.engine.expertLoadBalancing: the engine's `redundant_experts` rule turns it into EPLB's redundant
+    # experts per layout, held in the memory fit and priced by the performance model (`_redundant`)
+    expert_load_balancing: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -212,7 +215,7 @@ def enumerate_shapes(
                                     tp_pinned=space.tensor is not None, engine=engine,
                                     a2a_backend=space.a2a_backend, gpus_per_node=per_node)
                 if reason is None and memory_fn is not None:
-                    fit = memory_fn(model, gpu, shape, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                    fit = memory_fn(model, gpu, _with_redundant(shape, engine, model, space), weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                     context_tokens=context_tokens, chunk_size=min_chunk, max_num_seqs=1,
                                     engine=engine or "vllm", memory_fraction=space.memory_fraction,
                                     headroom=space.headroom)
@@ -261,13 +264,30 @@ def _per_replica_workload(workload: Workload, dp: int) -> Workload:
     return workload
 
 
+def _redundant(layout: Layout, engine: Engine | None, model: Any, space: SearchSpace) -> int:
+    """EPLB's redundant experts the engine runs for `layout` (`engines.redundant_experts`, the renderer's rule)."""
+    if engine is None or not getattr(model, "is_moe", False) or layout.ep <= 1:
+        return 0
+    return engines_mod.redundant_experts(engine, layout, model, space.expert_load_balancing)
+
+
+def _with_redundant(shape: Layout, engine: Engine | None, model: Any, space: SearchSpace) -> Any:
+    """`shape` for the memory rule: as is without EPLB, else its mapping holding the redundant experts."""
+    r = _redundant(shape, engine, model, space)
+    if not r:
+        return shape
+    from meshplan.planner.memory import ReplicaMapping
+
+    return replace(ReplicaMapping.from_layout(shape), redundant_experts=r)
+
+
 def _effective(layout: Layout, engine: Engine, model: Any, space: SearchSpace) -> Any:
-    """The mapping the engine really runs (attention TP/DP, MoE TP/EP, PP) for the models."""
+    """The mapping the engine really runs (attention TP/DP, MoE TP/EP, PP, EPLB's redundant experts)."""
     from meshplan.planner.memory import ReplicaMapping
 
     e = engines_mod.engine_layout(layout, engine, model, a2a_backend=space.a2a_backend)
     return ReplicaMapping(attn_tp=e.attention_tp, attn_dp=e.attention_dp, moe_tp=e.moe_tp, moe_ep=e.moe_ep,
-                          pp=e.pp)
+                          pp=e.pp, redundant_experts=_redundant(layout, engine, model, space))
 
 
 def search(

@@ -98,6 +98,7 @@ class MemoryFit:
     kv_capacity_tokens: int              # tokens of KV cache one replica can hold
     max_concurrency: int                 # sequences of `context` tokens that fit
     reason: str = ""                     # why it does not fit (empty when it fits)
+    redundant_expert_bytes: float = 0.0  # per GPU, EPLB's redundant experts (part of weights_bytes)
 
 
 @dataclass(frozen=True)

@@ -146,8 +146,12 @@ def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOpt
     added = {"load_format": None, "weights_refusal": "", "weights_env": (), "volumes": (), "volume_mounts": (),
              "num_experts": 0, "max_model_len_why": ""}
 
+    # derived from what the hash already holds (spec.model): never part of it (model_name: the EPLB rule's family)
+    derived = {"model_name"}
+
     def _asdict(obj: Any) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(obj).items() if not (k in added and v == added[k])}
+        return {k: v for k, v in dataclasses.asdict(obj).items()
+                if k not in derived and not (k in added and v == added[k])}
 
     doc = {
         "pod_template": POD_TEMPLATE_VERSION,

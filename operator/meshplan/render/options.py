@@ -83,6 +83,14 @@ def options_from_spec(spec: Any, model_arch: Any = None) -> tuple[ServingOptions
             ckpt_bytes = checkpoint_bytes(model_from_spec(spec.model), _checkpoint_dtype(spec, None))
         except Exception:   # noqa: BLE001 - the planner reports a bad architecture; sizing then uses 0
             ckpt_bytes = 0.0
+    moe_arch = model_arch   # the model the planner planned (a spec.model.architecture too): the EPLB rule reads it
+    if moe_arch is None and spec.model.architecture is not None:
+        try:
+            from meshplan.planner import model_from_spec
+
+            moe_arch = model_from_spec(spec.model)
+        except Exception:   # noqa: BLE001 - the planner reports a bad architecture
+            moe_arch = None
     wsrc = weights_source(spec.model, engine.kind, _catalogue_repo(source), checkpoint_bytes=ckpt_bytes)
     serving = ServingOptions(
         engine=engine.kind,
@@ -96,7 +104,8 @@ def options_from_spec(spec: Any, model_arch: Any = None) -> tuple[ServingOptions
         scheduling_policy=engine.scheduling_policy,
         expert_load_balancing=engine.expert_load_balancing,
         cuda_graphs=engine.cuda_graphs,
-        num_experts=getattr(model_arch, "num_experts", 0) or 0,   # TensorRT-LLM's EPLB slots (engines.trtllm)
+        num_experts=getattr(moe_arch, "num_experts", 0) or 0,     # the EPLB rule's expert count (engines.*)
+        model_name=getattr(moe_arch, "name", "") or "",            # the EPLB rule's model family (engines.*)
         max_model_len=planned_context(spec.workload),
         max_model_len_why=("spec.workload.maxContext" if spec.workload.max_context else
                            f"spec.workload.inputTokens {spec.workload.input_tokens} + outputTokens "
