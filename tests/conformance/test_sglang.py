@@ -56,6 +56,11 @@ VARIANTS = {
 }
 
 
+# (EP size, spec.engine.allToAll, spec.engine.batchOverlap) of the wide-EP cases
+WIDE = ((16, "deepep-normal", "on"), (16, "deepep-low-latency", "on"), (32, "deepep-normal", "on"),
+        (32, "deepep-low-latency", "on"), (16, "auto", "auto"), (32, "auto", "off"))
+
+
 def _deep_merge(base: dict, over: dict) -> dict:
     out = copy.deepcopy(base)
     for k, v in over.items():
@@ -105,6 +110,29 @@ def _cases(tmp: Path) -> list[dict]:
                               "planned": {"chunk": result.plan.choice.chunk_size,
                                           "context": llmd.spec.workload.max_context or
                                           llmd.spec.workload.input_tokens + llmd.spec.workload.output_tokens}})
+    # wide EP over RDMA (issue 18): DeepSeek-R1 DP16+EP and DP32+EP on the hgx-h200-ib fleet (2 / 4 x 8 H200),
+    # DeepEP normal and low-latency, two-batch overlap on, and both left to the planner; every pod resolved
+    wide_topo = build_topology(fleet_nodes(load_fleet("hgx-h200-ib")), [], ready_if_unknown=True)
+    ds = yaml.safe_load((ROOT / "examples" / "deepseek-r1-h200.yaml").read_text())
+    for ep, a2a, ov in WIDE:
+        spec = _deep_merge(ds["spec"], {"parallelism": {"tensor": 1, "expert": ep, "pipeline": 1},
+                                        "gpus": {"maxGpus": ep}, "engine": {"allToAll": a2a, "batchOverlap": ov}})
+        llmd = LLMDeployment.from_manifest({**ds, "spec": spec})
+        result = plan_place_render(llmd, wide_topo)
+        assert result.rendered is not None, f"wide EP{ep} {a2a}/{ov}: {result.message}"
+        for pod, c in _containers(result.rendered.objects):
+            if "sglang.launch_server" not in " ".join(c.get("command", [])):
+                continue
+            gpu = _gpu_of(result.plan.choice.gpu, int(c["resources"]["limits"].get("nvidia.com/gpu", 1)))
+            cases.append({"id": f"wide-ep{ep}-{a2a}-tbo-{ov}/{pod}/{c['name']}", "argv": _with_model(c["args"]),
+                          "env": [e["name"] for e in c.get("env", [])], "resolve": True,
+                          "model_dir": str(_model_dir(tmp, llmd.spec)),
+                          "gpu": {"name": gpu["name"], "capability": [gpu["major"], gpu["minor"]],
+                                  "memory_bytes": gpu["memory_bytes"], "count": gpu["count"]},
+                          "planned": {"chunk": result.plan.choice.chunk_size, "ep": ep,
+                                      "a2a": result.plan.choice.a2a_backend,
+                                      "overlap": result.plan.choice.batch_overlap,
+                                      "context": llmd.spec.workload.input_tokens + llmd.spec.workload.output_tokens}})
     sys.path.insert(0, str(ROOT / "tests"))
     from test_render_golden import SCENARIOS, render_scenario
 
@@ -129,6 +157,32 @@ def probe(tmp_path_factory):
         out["results"] += part["results"]
         out.update({k: v for k, v in part.items() if k != "results"})
     return cases, out
+
+
+def test_wide_ep_pods_run_deepep_and_two_batch_overlap_as_planned(probe):
+    """Every pod of every wide-EP group parses and resolves with SGLang's own checks, with the planned
+    --moe-a2a-backend deepep, --deepep-mode and --enable-two-batch-overlap, and its node rank."""
+    cases, out = probe
+    results = {r["id"]: r for r in out["results"]}
+    wide = [c for c in cases if c["id"].startswith("wide-")]
+    assert len(wide) == sum(ep // 8 for ep, _, _ in WIDE), [c["id"] for c in wide]
+    mode = {"deepep-normal": "normal", "deepep-low-latency": "low_latency"}
+    ranks: dict[str, list[int]] = {}
+    for c in wide:
+        r = results[c["id"]]
+        assert r["parsed"] and r["resolved"], (c["id"], r["error"], r.get("trace", "")[-600:])
+        raw, planned = r["raw"], c["planned"]
+        assert planned["a2a"] in mode, c["id"]                # auto chose DeepEP across the domains too
+        assert raw["moe_a2a_backend"] == "deepep" and raw["deepep_mode"] == mode[planned["a2a"]], (c["id"], raw)
+        assert raw["enable_two_batch_overlap"] is planned["overlap"], (c["id"], raw)
+        if "-tbo-on" in c["id"]:
+            assert planned["overlap"], c["id"]
+        if "-tbo-off" in c["id"]:
+            assert not planned["overlap"], c["id"]
+        assert raw["tp_size"] == raw["ep_size"] == raw["attn_dp_size"] == planned["ep"], (c["id"], raw)
+        assert raw["nnodes"] == planned["ep"] // 8, (c["id"], raw)
+        ranks.setdefault(c["id"].split("/")[0], []).append(raw["node_rank"])
+    assert all(sorted(v) == list(range(len(v))) for v in ranks.values()), ranks
 
 
 def test_every_rendered_sglang_argv_parses_with_sglang_0_5_23(probe):
