@@ -22,6 +22,7 @@ golden layout families are parsed only (their models are the goldens' hand-built
 from __future__ import annotations
 
 import copy
+from typing import Any
 import glob
 from pathlib import Path
 
@@ -84,6 +85,23 @@ def _with_model(argv: list[str]) -> list[str]:
     return out
 
 
+def _sglang_cases(tmp: Path, case: str, llmd: Any, result: Any, planned: dict) -> list[dict]:
+    """One probe case per SGLang container of every pod of `result` (leader and workers)."""
+    out = []
+    for pod, c in _containers(result.rendered.objects):
+        if "sglang.launch_server" not in " ".join(c.get("command", [])):
+            continue
+        gpu = _gpu_of(result.plan.choice.gpu, int(c["resources"]["limits"].get("nvidia.com/gpu", 1)))
+        out.append({"id": f"{case}/{pod}/{c['name']}", "argv": _with_model(c["args"]),
+                    "env": [e["name"] for e in c.get("env", [])], "resolve": True,
+                    "model_dir": str(_model_dir(tmp, llmd.spec)),
+                    "gpu": {"name": gpu["name"], "capability": [gpu["major"], gpu["minor"]],
+                            "memory_bytes": gpu["memory_bytes"], "count": gpu["count"]},
+                    "planned": {"chunk": result.plan.choice.chunk_size, **planned,
+                                "context": llmd.spec.workload.input_tokens + llmd.spec.workload.output_tokens}})
+    return out
+
+
 def _cases(tmp: Path) -> list[dict]:
     cases = []
     for path in sorted(glob.glob(str(ROOT / "examples" / "*.yaml"))):
@@ -120,19 +138,19 @@ def _cases(tmp: Path) -> list[dict]:
         llmd = LLMDeployment.from_manifest({**ds, "spec": spec})
         result = plan_place_render(llmd, wide_topo)
         assert result.rendered is not None, f"wide EP{ep} {a2a}/{ov}: {result.message}"
-        for pod, c in _containers(result.rendered.objects):
-            if "sglang.launch_server" not in " ".join(c.get("command", [])):
-                continue
-            gpu = _gpu_of(result.plan.choice.gpu, int(c["resources"]["limits"].get("nvidia.com/gpu", 1)))
-            cases.append({"id": f"wide-ep{ep}-{a2a}-tbo-{ov}/{pod}/{c['name']}", "argv": _with_model(c["args"]),
-                          "env": [e["name"] for e in c.get("env", [])], "resolve": True,
-                          "model_dir": str(_model_dir(tmp, llmd.spec)),
-                          "gpu": {"name": gpu["name"], "capability": [gpu["major"], gpu["minor"]],
-                                  "memory_bytes": gpu["memory_bytes"], "count": gpu["count"]},
-                          "planned": {"chunk": result.plan.choice.chunk_size, "ep": ep,
-                                      "a2a": result.plan.choice.a2a_backend,
-                                      "overlap": result.plan.choice.batch_overlap,
-                                      "context": llmd.spec.workload.input_tokens + llmd.spec.workload.output_tokens}})
+        cases += _sglang_cases(tmp, f"wide-ep{ep}-{a2a}-tbo-{ov}", llmd, result,
+                               {"ep": ep, "a2a": result.plan.choice.a2a_backend,
+                                "overlap": result.plan.choice.batch_overlap})
+    # meshplan's own choice for DeepSeek-R1 (the example, layout left open) on HGX H100 / H200 over InfiniBand
+    for fleet, product in (("hgx-h100-ib", "NVIDIA-H100-80GB-HBM3"), ("hgx-h200-ib", "NVIDIA-H200")):
+        spec = _deep_merge(ds["spec"], {"gpus": {"products": [product], "maxGpus": 32}})
+        spec["parallelism"] = {}
+        llmd = LLMDeployment.from_manifest({**ds, "spec": spec})
+        result = plan_place_render(llmd, build_topology(fleet_nodes(load_fleet(fleet)), [], ready_if_unknown=True))
+        assert result.rendered is not None, f"auto {fleet}: {result.message}"
+        cases += _sglang_cases(tmp, f"auto-deepseek-r1-{fleet}", llmd, result,
+                               {"ep": result.plan.choice.layout.ep, "a2a": result.plan.choice.a2a_backend,
+                                "overlap": result.plan.choice.batch_overlap})
     sys.path.insert(0, str(ROOT / "tests"))
     from test_render_golden import SCENARIOS, render_scenario
 
@@ -183,6 +201,23 @@ def test_wide_ep_pods_run_deepep_and_two_batch_overlap_as_planned(probe):
         assert raw["nnodes"] == planned["ep"] // 8, (c["id"], raw)
         ranks.setdefault(c["id"].split("/")[0], []).append(raw["node_rank"])
     assert all(sorted(v) == list(range(len(v))) for v in ranks.values()), ranks
+
+
+def test_meshplans_own_deepseek_r1_choice_on_hgx_parses_and_resolves(probe):
+    """`meshplan plan`'s choice for DeepSeek-R1 on HGX H100 and H200 over InfiniBand: every pod resolves."""
+    cases, out = probe
+    results = {r["id"]: r for r in out["results"]}
+    for fleet in ("hgx-h100-ib", "hgx-h200-ib"):
+        mine = [c for c in cases if c["id"].startswith(f"auto-deepseek-r1-{fleet}/")]
+        assert mine, fleet
+        for c in mine:
+            r = results[c["id"]]
+            assert r["parsed"] and r["resolved"], (c["id"], r["error"], r.get("trace", "")[-600:])
+            if c["planned"]["a2a"]:
+                assert r["raw"]["moe_a2a_backend"] == "deepep", (c["id"], r["raw"])
+    # on H100 no 8-GPU domain holds DeepSeek-R1's FP8 weights: the choice is a wide EP group of several pods
+    h100 = [c for c in cases if c["id"].startswith("auto-deepseek-r1-hgx-h100-ib/")]
+    assert len(h100) >= 2 and all(c["planned"]["a2a"] for c in h100), [c["id"] for c in h100]
 
 
 def test_every_rendered_sglang_argv_parses_with_sglang_0_5_23(probe):

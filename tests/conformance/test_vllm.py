@@ -167,6 +167,14 @@ CASES: list[tuple[str, dict, str]] = [
     for ep, a2a, ov in ((16, "deepep-normal", "on"), (16, "deepep-low-latency", "on"), (32, "deepep-normal", "on"),
                         (32, "deepep-low-latency", "on"), (16, "auto", "auto"), (32, "deepep-low-latency", "off"))
 ]
+# meshplan's own choice for DeepSeek-R1 (the example, layout left open) on HGX H100 / H200 over InfiniBand
+# (issue 18: "meshplan plan for DeepSeek-R1 on HGX H100 and H200 chooses a layout that renders")
+CASES += [
+    (f"auto-deepseek-r1-{fleet}", {**_example("deepseek-r1-h200"), "spec": {
+        **_example("deepseek-r1-h200")["spec"], "parallelism": {},
+        "gpus": {"products": [product], "maxGpus": 32}}}, fleet)
+    for fleet, product in (("hgx-h100-ib", "NVIDIA-H100-80GB-HBM3"), ("hgx-h200-ib", "NVIDIA-H200"))
+]
 
 
 def _gpu_of(name: str, count: int) -> dict:
@@ -242,10 +250,14 @@ def test_wide_ep_pods_run_the_planned_all_to_all_and_dbo(conformance):
     spelled = {"deepep-normal": "deepep_high_throughput", "deepep-low-latency": "deepep_low_latency"}
     wide = [c for c in conformance["rendered"] if c.startswith("wide-")]
     assert len(wide) == 6, wide
+    # meshplan's own DeepSeek-R1 choice on HGX H100 is wide EP (no 8-GPU H100 domain holds it): its pods too
+    auto = conformance["rendered"]["auto-deepseek-r1-hgx-h100-ib"].candidate
+    assert auto.layout.gpus_per_stage > 8 and auto.a2a_backend in spelled, auto
     for case in wide:
         r = conformance["rendered"][case]
         c = r.candidate
         assert c.layout.ep in (16, 32) and len(r.pods) == c.layout.ep // 8, (case, c.layout, len(r.pods))
+        assert "-ep-auto-" not in case or c.a2a_backend, case
         assert c.a2a_backend in spelled, (case, c.a2a_backend)     # auto chose DeepEP across the domains too
         if "-dbo-on" in case:
             assert c.batch_overlap, case

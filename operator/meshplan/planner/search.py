@@ -167,7 +167,7 @@ def shape_rule(model: Any, tp: int, ep: int, pp: int, *, domain: int, cross_doma
 
 
 def a2a_options(model: Any, shape: Layout, engine: Engine, space: SearchSpace, domain: int,
-                gpus_per_node: int | None = None) -> list[tuple[str, bool]]:
+                deepep_fabric: bool = True) -> list[tuple[str, bool]]:
     """The (all-to-all backend, batch overlap) pairs the search prices for `shape` (see SearchSpace).
 
     DeepEP is offered where the engine module spells it (`A2A_BACKENDS`: vLLM, SGLang) and accepts it for
@@ -175,7 +175,9 @@ def a2a_options(model: Any, shape: Layout, engine: Engine, space: SearchSpace, d
     crosses the NVLink domain (inside one, NVLink all-to-all is what the engines' defaults are tuned for
     and what the calibration measured). Batch overlap needs DeepEP: vLLM 0.32.0 asserts "Microbatching
     currently only supports the deepep_low_latency, deepep_high_throughput, and nixl_ep all2all backends"
-    (vllm/config/vllm.py); the engine module's `BATCH_OVERLAP_FLAG` says it has one."""
+    (vllm/config/vllm.py); the engine module's `BATCH_OVERLAP_FLAG` says it has one. `deepep_fabric` False
+    (the fleet's RDMA is EFA only: DeepEP's GPU-initiated RDMA needs mlx5 NICs, render/nccl.py) keeps "auto"
+    on the engine's default all-to-all."""
     if space.a2a_backend:
         return [(space.a2a_backend, False)]
     if shape.ep <= 1 or not getattr(model, "is_moe", False):
@@ -186,7 +188,7 @@ def a2a_options(model: Any, shape: Layout, engine: Engine, space: SearchSpace, d
     spelled = getattr(module, "A2A_BACKENDS", {}) or {}
     want = space.all_to_all
     if want == "auto":
-        names = ["deepep-normal", "deepep-low-latency"] if shape.tp * shape.ep > domain else []
+        names = ["deepep-normal", "deepep-low-latency"] if shape.tp * shape.ep > domain and deepep_fabric else []
     elif want in spelled:
         names = [want]
     else:
@@ -384,6 +386,10 @@ def search(
     loaded = workload.concurrency is not None or workload.request_rate is not None
     # the all-to-all backend the renderer passes (DeepEP is priced with its own tables across domains)
     a2a_kw = {"a2a_backend": space.a2a_backend} if space.a2a_backend else {}
+    # DeepEP runs over InfiniBand / RoCE (mlx5, IBGDA), not EFA: with a fleet whose RDMA is EFA only, "auto"
+    # keeps the engine's default all-to-all
+    fabrics = {getattr(d, "fabric", "") for d in getattr(fleet, "domains", ()) or ()} - {""}
+    deepep_fabric = not fabrics or bool(fabrics - {"efa"})
     candidates: list[Candidate] = []
     evaluated = 0
     for shape, max_dp in shapes:
@@ -396,7 +402,7 @@ def search(
         dom = domain_gpus(gpu)
         if fleet is not None and fleet.domains:
             dom = max(d.total_gpus if d.nvlink else d.gpus_per_node for d in fleet.domains)
-        options = a2a_options(model, shape, engine, space, dom)
+        options = a2a_options(model, shape, engine, space, dom, deepep_fabric)
         knob_refusals: list[str] = []
         before = len(candidates)
         for chunk in space.chunk_sizes:
