@@ -272,3 +272,53 @@ def test_an_efa_fleet_is_not_given_deepep_by_auto():
     assert c is not None and c.layout.ep == 16 and c.a2a_backend == "" and not c.batch_overlap
     # the same spec on InfiniBand gets DeepEP (the rule is the fabric, not the layout)
     assert plan_for_spec(_spec("vllm", 16).spec, H200_IB).choice.a2a_backend.startswith("deepep")
+
+
+def test_the_stored_plan_keeps_the_all_to_all_and_overlap_across_an_operator_restart():
+    """The operator stores its choice on the LLMDeployment (controller.reconcile PLAN_ANNOTATION) and renders
+    from it after a restart: the all-to-all and batch overlap must survive, or the restarted operator would
+    render the group without DeepEP / DBO."""
+    import json
+
+    from meshplan.controller.reconcile import _candidate, _candidate_doc
+
+    c = plan_for_spec(_spec("vllm", 16, "deepep-low-latency", "on").spec, H200_IB).choice
+    assert c.a2a_backend == "deepep-low-latency" and c.batch_overlap
+    back = _candidate(json.loads(json.dumps(_candidate_doc(c))))
+    assert (back.a2a_backend, back.batch_overlap) == (c.a2a_backend, c.batch_overlap)
+    assert back == c
+
+
+def test_the_plan_hash_changes_with_the_all_to_all_and_not_for_plans_without_one():
+    """A changed all-to-all or overlap rolls the group (new pod template); plans without them keep their hash."""
+    from meshplan.render import plan_hash
+    from meshplan.render.options import options_from_spec
+
+    llmd = _spec("vllm", 16, "deepep-low-latency", "on")
+    serving, network, pods = options_from_spec(llmd.spec)
+    c = plan_for_spec(llmd.spec, H200_IB).choice
+    plain = replace(c, a2a_backend="", batch_overlap=False)
+    hashes = {plan_hash(x, serving, network, pods, 8, 2) for x in (
+        c, replace(c, batch_overlap=False), replace(c, a2a_backend="deepep-normal"), plain)}
+    assert len(hashes) == 4
+    # the hash of a plan without them is the one computed before the fields existed (doc without the keys)
+    import dataclasses
+    import hashlib
+
+    from meshplan.render import POD_TEMPLATE_VERSION
+
+    added = {"load_format": None, "weights_refusal": "", "weights_env": (), "volumes": (), "volume_mounts": (),
+             "num_experts": 0, "max_model_len_why": ""}
+    strip = lambda o: {k: v for k, v in dataclasses.asdict(o).items() if not (k in added and v == added[k])}  # noqa: E731
+    doc = {"pod_template": POD_TEMPLATE_VERSION, "layout": dataclasses.asdict(plain.layout),
+           "weight_dtype": plain.weight_dtype, "kv_dtype": plain.kv_dtype, "chunk_size": plain.chunk_size,
+           "max_num_seqs": plain.max_num_seqs, "serving": strip(serving), "network": dataclasses.asdict(network),
+           "pods": strip(pods), "gpus_per_pod": 8, "pods_per_replica": 2}
+    want = hashlib.sha256(json_dumps(doc).encode()).hexdigest()[:10]
+    assert plan_hash(plain, serving, network, pods, 8, 2) == want
+
+
+def json_dumps(doc):
+    import json
+
+    return json.dumps(doc, sort_keys=True, default=str)

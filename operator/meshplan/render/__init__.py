@@ -159,6 +159,11 @@ def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOpt
         "pods": _asdict(pods),
         "gpus_per_pod": gpus_per_pod, "pods_per_replica": pods_per_replica,
     }
+    # the wide-EP all-to-all and batch overlap (issue 18), likewise only when set
+    if getattr(candidate, "a2a_backend", ""):
+        doc["a2a_backend"] = candidate.a2a_backend
+    if getattr(candidate, "batch_overlap", False):
+        doc["batch_overlap"] = True
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
