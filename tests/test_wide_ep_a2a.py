@@ -4,8 +4,9 @@
   micro-batches, 2 x max(compute, all-to-all) of half the step, only above vLLM 0.32.0's split thresholds.
 - search: with spec.engine.allToAll / batchOverlap auto an EP group that crosses the NVLink domain is priced
   with DeepEP normal and low-latency, overlap on and off; inside a domain nothing changes.
-- render: the chosen backend and overlap reach the engine's flags (vLLM / SGLang spellings); an engine
-  without them (TensorRT-LLM) is never given them.
+- render: the chosen backend and overlap reach the engine's flags (vLLM / SGLang spellings; TensorRT-LLM's
+  WIDEEP backend with TRTLLM_FORCE_ALLTOALL_METHOD, forwarded to every MPI rank); an engine without overlap
+  (TensorRT-LLM) is never given it.
 """
 
 from __future__ import annotations
@@ -122,8 +123,12 @@ def test_auto_prices_both_deepep_kernels_with_overlap_on_and_off_across_domains(
     assert a2a_options(DS, Layout(1, 16, 1), "vllm", SearchSpace(), 8, deepep_fabric=False) == [("", False)]
     # SGLang's DeepEP needs MoE-TP 1: a TP2 x EP8 group keeps the default all-to-all
     assert a2a_options(DS, Layout(2, 8, 1), "sglang", SearchSpace(), 8) == [("", False)]
-    # TensorRT-LLM: no DeepEP spelling and no batch-overlap flag in the engine module: never offered
-    assert a2a_options(DS, Layout(1, 16, 1), "trtllm", SearchSpace(batch_overlap="on"), 8) == [("", False)]
+    # TensorRT-LLM: DeepEP through its WIDEEP backend (attention DP only), but no batch-overlap option
+    assert a2a_options(DS, Layout(1, 16, 1), "trtllm", SearchSpace(batch_overlap="on"), 8) == [
+        ("deepep-normal", False), ("deepep-low-latency", False)]
+    assert a2a_options(DS, Layout(2, 8, 1), "trtllm", SearchSpace(), 8) == [("", False)]
+    # NIM and DeepSpeed-MII spell no DeepEP
+    assert a2a_options(DS, Layout(1, 16, 1), "nim", SearchSpace(), 8) == [("", False)]
 
 
 def _spec(engine: str, ep: int | None, a2a: str = "auto", overlap: str = "auto", objective: str = "maxThroughput",
@@ -322,3 +327,25 @@ def json_dumps(doc):
     import json
 
     return json.dumps(doc, sort_keys=True, default=str)
+
+
+@pytest.mark.parametrize("a2a,method", [("deepep-normal", "DeepEP"), ("deepep-low-latency", "DeepEPLowLatency")])
+def test_trtllm_wide_ep_runs_the_wideep_backend_with_the_forced_method_on_every_rank(a2a, method):
+    """TensorRT-LLM across two HGX nodes: moe_config.backend WIDEEP in the LLM-API YAML, the method in
+    TRTLLM_FORCE_ALLTOALL_METHOD on the leader (whose mpirun starts every rank) and forwarded with -x, as are
+    NVSHMEM's IBGDA variables (the worker pods only run sshd: their own environment never reaches a rank)."""
+    import yaml
+
+    res = plan_place_render(_spec("trtllm", 16, a2a, "auto"), H200_IB)
+    assert res.rendered is not None, res.message
+    assert res.plan.choice.a2a_backend == a2a and not res.plan.choice.batch_overlap
+    leader = res.rendered.groups[0].pods[0]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in leader["env"]}
+    assert env["TRTLLM_FORCE_ALLTOALL_METHOD"] == method and env["NVSHMEM_IB_ENABLE_IBGDA"] == "1"
+    script, *_rest = leader["args"]
+    body = script.split("<<'EOF'\n", 1)[1].split("\nEOF", 1)[0]
+    assert yaml.safe_load(body)["moe_config"]["backend"] == "WIDEEP"
+    argv = leader["args"]
+    forwarded = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
+    assert {"TRTLLM_FORCE_ALLTOALL_METHOD", "NVSHMEM_IB_ENABLE_IBGDA"} <= set(forwarded), forwarded
+    assert len(forwarded) == len(set(forwarded))
