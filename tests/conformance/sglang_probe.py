@@ -150,7 +150,8 @@ for case in payload["cases"]:
                                                          "chunked_prefill_size", "max_running_requests",
                                                          "mem_fraction_static", "context_length", "kv_cache_dtype",
                                                          "quantization", "enable_eplb", "ep_num_redundant_experts",
-                                                         "nnodes", "node_rank")}
+                                                         "nnodes", "node_rank", "moe_a2a_backend", "deepep_mode",
+                                                         "enable_two_batch_overlap")}
         if case.get("resolve", True):
             out["stage"] = "resolve"
             sa.resolve_once()

@@ -22,6 +22,7 @@ golden layout families are parsed only (their models are the goldens' hand-built
 from __future__ import annotations
 
 import copy
+from typing import Any
 import glob
 from pathlib import Path
 
@@ -57,6 +58,11 @@ VARIANTS = {
 }
 
 
+# (EP size, spec.engine.allToAll, spec.engine.batchOverlap) of the wide-EP cases
+WIDE = ((16, "deepep-normal", "on"), (16, "deepep-low-latency", "on"), (32, "deepep-normal", "on"),
+        (32, "deepep-low-latency", "on"), (16, "auto", "auto"), (32, "auto", "off"))
+
+
 def _deep_merge(base: dict, over: dict) -> dict:
     out = copy.deepcopy(base)
     for k, v in over.items():
@@ -77,6 +83,23 @@ def _with_model(argv: list[str]) -> list[str]:
     out = list(argv)
     i = out.index("--model-path")
     out[i + 1] = "@MODEL@"
+    return out
+
+
+def _sglang_cases(tmp: Path, case: str, llmd: Any, result: Any, planned: dict) -> list[dict]:
+    """One probe case per SGLang container of every pod of `result` (leader and workers)."""
+    out = []
+    for pod, c in _containers(result.rendered.objects):
+        if "sglang.launch_server" not in " ".join(c.get("command", [])):
+            continue
+        gpu = _gpu_of(result.plan.choice.gpu, int(c["resources"]["limits"].get("nvidia.com/gpu", 1)))
+        out.append({"id": f"{case}/{pod}/{c['name']}", "argv": _with_model(c["args"]),
+                    "env": [e["name"] for e in c.get("env", [])], "resolve": True,
+                    "model_dir": str(_model_dir(tmp, llmd.spec)),
+                    "gpu": {"name": gpu["name"], "capability": [gpu["major"], gpu["minor"]],
+                            "memory_bytes": gpu["memory_bytes"], "count": gpu["count"]},
+                    "planned": {"chunk": result.plan.choice.chunk_size, **planned,
+                                "context": llmd.spec.workload.input_tokens + llmd.spec.workload.output_tokens}})
     return out
 
 
@@ -106,6 +129,29 @@ def _cases(tmp: Path) -> list[dict]:
                               "planned": {"chunk": result.plan.choice.chunk_size,
                                           "context": llmd.spec.workload.max_context or
                                           llmd.spec.workload.input_tokens + llmd.spec.workload.output_tokens}})
+    # wide EP over RDMA (issue 18): DeepSeek-R1 DP16+EP and DP32+EP on the hgx-h200-ib fleet (2 / 4 x 8 H200),
+    # DeepEP normal and low-latency, two-batch overlap on, and both left to the planner; every pod resolved
+    wide_topo = build_topology(fleet_nodes(load_fleet("hgx-h200-ib")), [], ready_if_unknown=True)
+    ds = yaml.safe_load((ROOT / "examples" / "deepseek-r1-h200.yaml").read_text())
+    for ep, a2a, ov in WIDE:
+        spec = _deep_merge(ds["spec"], {"parallelism": {"tensor": 1, "expert": ep, "pipeline": 1},
+                                        "gpus": {"maxGpus": ep}, "engine": {"allToAll": a2a, "batchOverlap": ov}})
+        llmd = LLMDeployment.from_manifest({**ds, "spec": spec})
+        result = plan_place_render(llmd, wide_topo)
+        assert result.rendered is not None, f"wide EP{ep} {a2a}/{ov}: {result.message}"
+        cases += _sglang_cases(tmp, f"wide-ep{ep}-{a2a}-tbo-{ov}", llmd, result,
+                               {"ep": ep, "a2a": result.plan.choice.a2a_backend,
+                                "overlap": result.plan.choice.batch_overlap})
+    # meshplan's own choice for DeepSeek-R1 (the example, layout left open) on HGX H100 / H200 over InfiniBand
+    for fleet, product in (("hgx-h100-ib", "NVIDIA-H100-80GB-HBM3"), ("hgx-h200-ib", "NVIDIA-H200")):
+        spec = _deep_merge(ds["spec"], {"gpus": {"products": [product], "maxGpus": 32}})
+        spec["parallelism"] = {}
+        llmd = LLMDeployment.from_manifest({**ds, "spec": spec})
+        result = plan_place_render(llmd, build_topology(fleet_nodes(load_fleet(fleet)), [], ready_if_unknown=True))
+        assert result.rendered is not None, f"auto {fleet}: {result.message}"
+        cases += _sglang_cases(tmp, f"auto-deepseek-r1-{fleet}", llmd, result,
+                               {"ep": result.plan.choice.layout.ep, "a2a": result.plan.choice.a2a_backend,
+                                "overlap": result.plan.choice.batch_overlap})
     sys.path.insert(0, str(ROOT / "tests"))
     from test_render_golden import SCENARIOS, render_scenario
 
@@ -130,6 +176,49 @@ def probe(tmp_path_factory):
         out["results"] += part["results"]
         out.update({k: v for k, v in part.items() if k != "results"})
     return cases, out
+
+
+def test_wide_ep_pods_run_deepep_and_two_batch_overlap_as_planned(probe):
+    """Every pod of every wide-EP group parses and resolves with SGLang's own checks, with the planned
+    --moe-a2a-backend deepep, --deepep-mode and --enable-two-batch-overlap, and its node rank."""
+    cases, out = probe
+    results = {r["id"]: r for r in out["results"]}
+    wide = [c for c in cases if c["id"].startswith("wide-")]
+    assert len(wide) == sum(ep // 8 for ep, _, _ in WIDE), [c["id"] for c in wide]
+    mode = {"deepep-normal": "normal", "deepep-low-latency": "low_latency"}
+    ranks: dict[str, list[int]] = {}
+    for c in wide:
+        r = results[c["id"]]
+        assert r["parsed"] and r["resolved"], (c["id"], r["error"], r.get("trace", "")[-600:])
+        raw, planned = r["raw"], c["planned"]
+        assert planned["a2a"] in mode, c["id"]                # auto chose DeepEP across the domains too
+        assert raw["moe_a2a_backend"] == "deepep" and raw["deepep_mode"] == mode[planned["a2a"]], (c["id"], raw)
+        assert raw["enable_two_batch_overlap"] is planned["overlap"], (c["id"], raw)
+        if "-tbo-on" in c["id"]:
+            assert planned["overlap"], c["id"]
+        if "-tbo-off" in c["id"]:
+            assert not planned["overlap"], c["id"]
+        assert raw["tp_size"] == raw["ep_size"] == raw["attn_dp_size"] == planned["ep"], (c["id"], raw)
+        assert raw["nnodes"] == planned["ep"] // 8, (c["id"], raw)
+        ranks.setdefault(c["id"].split("/")[0], []).append(raw["node_rank"])
+    assert all(sorted(v) == list(range(len(v))) for v in ranks.values()), ranks
+
+
+def test_meshplans_own_deepseek_r1_choice_on_hgx_parses_and_resolves(probe):
+    """`meshplan plan`'s choice for DeepSeek-R1 on HGX H100 and H200 over InfiniBand: every pod resolves."""
+    cases, out = probe
+    results = {r["id"]: r for r in out["results"]}
+    for fleet in ("hgx-h100-ib", "hgx-h200-ib"):
+        mine = [c for c in cases if c["id"].startswith(f"auto-deepseek-r1-{fleet}/")]
+        assert mine, fleet
+        for c in mine:
+            r = results[c["id"]]
+            assert r["parsed"] and r["resolved"], (c["id"], r["error"], r.get("trace", "")[-600:])
+            if c["planned"]["a2a"]:
+                assert r["raw"]["moe_a2a_backend"] == "deepep", (c["id"], r["raw"])
+    # on H100 no 8-GPU domain holds DeepSeek-R1's FP8 weights: the choice is a wide EP group of several pods
+    h100 = [c for c in cases if c["id"].startswith("auto-deepseek-r1-hgx-h100-ib/")]
+    assert len(h100) >= 2 and all(c["planned"]["a2a"] for c in h100), [c["id"] for c in h100]
 
 
 def test_every_rendered_sglang_argv_parses_with_sglang_0_5_23(probe):

@@ -148,6 +148,16 @@ def test_the_examples_render_at_least_one_trtllm_group_per_example_that_pins_no_
 
 # ---- the layout families and toggles, rendered directly -----------------------------------------
 
+def _h200_ib(n: int) -> list[dict]:
+    """`n` nodes of the hgx-h200-ib fleet (8 x H200, 8 x rdma/ib, one InfiniBand block)."""
+    from meshplan.devcluster.fleets import fleet_nodes as _nodes, load_fleet as _load
+
+    nodes = _nodes(_load("hgx-h200-ib"))[:n]
+    for node in nodes:      # as a running kubelet reports them (the fleet file leaves readiness to the dev cluster)
+        node.setdefault("status", {})["conditions"] = [{"type": "Ready", "status": "True"}]
+    return nodes
+
+
 def _render(nodes, layout: Layout, per_node: int, *, model: str, **kw):
     serving_kw = {k: kw.pop(k) for k in list(kw) if k in {f.name for f in dataclasses.fields(ServingOptions)}}
     arch = get_model(model)
@@ -183,6 +193,13 @@ FAMILIES = {
                 {"weight_dtype": "fp8", "checkpoint_dtype": "fp8", "expert_load_balancing": "enabled"}),
     "eplb-off": (lambda: gb200_nvl72(1, 4), Layout(tp=1, ep=16), 4, "deepseek-r1",
                  {"weight_dtype": "fp8", "checkpoint_dtype": "fp8", "expert_load_balancing": "disabled"}),
+    # wide EP over InfiniBand (issue 18): EP16 over two HGX H200 nodes, DeepEP kernels through the WIDEEP backend,
+    # with and without EPLB's slots in the same moe_config
+    "wide-ep-deepep-ib": (lambda: _h200_ib(2), Layout(tp=1, ep=16), 8, "deepseek-r1",
+                          {"weight_dtype": "fp8", "checkpoint_dtype": "fp8", "a2a_backend": "deepep-low-latency"}),
+    "wide-ep-deepep-eplb-ib": (lambda: _h200_ib(2), Layout(tp=1, ep=16), 8, "deepseek-r1",
+                               {"weight_dtype": "fp8", "checkpoint_dtype": "fp8", "a2a_backend": "deepep-normal",
+                                "expert_load_balancing": "enabled"}),
     "extra-args": (lambda: hgx_h100(1), Layout(tp=8), 8, "llama-3.1-70b",
                    {"extra_args": ("--trust_remote_code", "--num_postprocess_workers", "2", "--max_seq_len=4096",
                                    "--log_level", "info")}),
@@ -205,6 +222,12 @@ def test_layout_families_and_toggles_render_what_trtllm_accepts(family):
     if family == "extra-args":
         assert params["trust_remote_code"] is True and params["num_postprocess_workers"] == 2
         assert params["max_seq_len"] == 4096
+    if family.startswith("wide-ep-deepep"):
+        assert args.moe_config.backend == "WIDEEP" and args.enable_attention_dp
+        env = {e["name"]: e.get("value") for e in leader["spec"]["containers"][0]["env"]}
+        assert env["TRTLLM_FORCE_ALLTOALL_METHOD"] in ("DeepEP", "DeepEPLowLatency")
+        if family == "wide-ep-deepep-eplb-ib":
+            assert args.moe_config.load_balancer.num_slots == 256 + 16
     if family == "cuda-graphs-off":
         assert args.cuda_graph_config is None
     if family == "prefix-caching-off":
@@ -241,6 +264,9 @@ DOCUMENTED_ENV = {
     "NCCL_P2P_LEVEL", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_NET",
     "NCCL_NVLS_ENABLE", "NCCL_CUMEM_ENABLE", "NCCL_MNNVL_ENABLE", "FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA",
     "GLOO_SOCKET_IFNAME", "HF_TOKEN", "HF_HOME",
+    # wide EP: TensorRT-LLM's all-to-all override (tensorrt_llm/_torch/modules/fused_moe/fused_moe_wide_ep.py
+    # select_alltoall_method_type) and NVSHMEM's IBGDA switch (docs.nvidia.com/nvshmem/api/gen/env.html)
+    "TRTLLM_FORCE_ALLTOALL_METHOD", "NVSHMEM_IB_ENABLE_IBGDA",
 }
 
 

@@ -162,6 +162,23 @@ CASES: list[tuple[str, dict, str]] = [
     # EP with TP inside the DP ranks (TP2 x DP4), EPLB auto
     ("tp2-ep4-node", _base("deepseek-r1", parallelism={"tensor": 2, "expert": 4, "pipeline": 1},
                            gpus={"maxGpus": 8, "products": ["NVIDIA-H200"]}), "mixed"),
+] + [
+    # wide EP over RDMA (issue 18): DeepSeek-R1 DP16+EP (2 x 8 H200) and DP32+EP (4 x 8 H200) on the
+    # hgx-h200-ib fleet, DeepEP normal and low-latency pinned, dual-batch overlap on; and both left to the
+    # planner (auto). Every pod (leader and --headless workers) is parsed and its VllmConfig built.
+    (f"wide-dp{ep}-ep-{a2a}-dbo-{ov}", _base("deepseek-r1", parallelism={"tensor": 1, "expert": ep, "pipeline": 1},
+                                            gpus={"maxGpus": ep, "products": ["NVIDIA-H200"]},
+                                            **_engine(allToAll=a2a, batchOverlap=ov)), "hgx-h200-ib")
+    for ep, a2a, ov in ((16, "deepep-normal", "on"), (16, "deepep-low-latency", "on"), (32, "deepep-normal", "on"),
+                        (32, "deepep-low-latency", "on"), (16, "auto", "auto"), (32, "deepep-low-latency", "off"))
+]
+# meshplan's own choice for DeepSeek-R1 (the example, layout left open) on HGX H100 / H200 over InfiniBand
+# (issue 18: "meshplan plan for DeepSeek-R1 on HGX H100 and H200 chooses a layout that renders")
+CASES += [
+    (f"auto-deepseek-r1-{fleet}", {**_example("deepseek-r1-h200"), "spec": {
+        **_example("deepseek-r1-h200")["spec"], "parallelism": {},
+        "gpus": {"products": [product], "maxGpus": 32}}}, fleet)
+    for fleet, product in (("hgx-h100-ib", "NVIDIA-H100-80GB-HBM3"), ("hgx-h200-ib", "NVIDIA-H200"))
 ]
 
 
@@ -250,6 +267,34 @@ def conformance(tmp_path_factory) -> dict:
     out = run_in_venv(VENV, PROBE, {"cases": cases, "env_names": sorted(env_names)})
     return {"rendered": rendered, "cases": {c["id"]: c for c in cases}, "out": out,
             "results": {r["id"]: r for r in out["results"]}}
+
+
+def test_wide_ep_pods_run_the_planned_all_to_all_and_dbo(conformance):
+    """Every pod of a wide-EP group: vLLM's own ParallelConfig has the planned DeepEP backend and DBO."""
+    spelled = {"deepep-normal": "deepep_high_throughput", "deepep-low-latency": "deepep_low_latency"}
+    wide = [c for c in conformance["rendered"] if c.startswith("wide-")]
+    assert len(wide) == 6, wide
+    # meshplan's own DeepSeek-R1 choice on HGX H100 is wide EP (no 8-GPU H100 domain holds it): its pods too
+    auto = conformance["rendered"]["auto-deepseek-r1-hgx-h100-ib"].candidate
+    assert auto.layout.gpus_per_stage > 8 and auto.a2a_backend in spelled, auto
+    for case in wide:
+        r = conformance["rendered"][case]
+        c = r.candidate
+        assert c.layout.ep in (16, 32) and len(r.pods) == c.layout.ep // 8, (case, c.layout, len(r.pods))
+        assert "-ep-auto-" not in case or c.a2a_backend, case
+        assert c.a2a_backend in spelled, (case, c.a2a_backend)     # auto chose DeepEP across the domains too
+        if "-dbo-on" in case:
+            assert c.batch_overlap, case
+        if "-dbo-off" in case:
+            assert not c.batch_overlap, case
+        if "-deepep-" in case:
+            assert c.a2a_backend in case, (case, c.a2a_backend)
+        for i, _ in enumerate(r.pods):
+            cfg = conformance["results"][f"{case}/pod{i}"]["config"]
+            assert cfg["all2all_backend"] == spelled[c.a2a_backend], (case, i, cfg["all2all_backend"])
+            assert cfg["enable_dbo"] is c.batch_overlap, (case, i)
+            assert cfg["data_parallel_size"] == c.layout.ep and cfg["data_parallel_size_local"] == 8, (case, i)
+            assert cfg["data_parallel_rank"] == 8 * i, (case, i)
 
 
 def test_the_probe_ran_the_pinned_vllm(conformance):

@@ -173,6 +173,8 @@ def _summary(cfg) -> dict:
         "data_parallel_rank": par.data_parallel_rank,
         "enable_expert_parallel": par.enable_expert_parallel,
         "enable_eplb": par.enable_eplb,
+        "all2all_backend": getattr(par, "all2all_backend", None),
+        "enable_dbo": getattr(par, "enable_dbo", None),
         "num_redundant_experts": getattr(eplb, "num_redundant_experts", None),
         "world_size": par.world_size,
         "nnodes": getattr(par, "nnodes", None),

@@ -943,6 +943,20 @@ class EngineSpec(ApiModel):
         description="CUDA graph capture for decode: auto lets the engine decide (on for its default batch sizes); "
         "disabled trades decode speed for start-up time and memory.",
     )
+    all_to_all: Literal["auto", "default", "deepep-normal", "deepep-low-latency"] = Field(
+        default="auto",
+        description="Expert-parallel all-to-all kernels: auto lets the planner price DeepEP's normal "
+        "(high-throughput) and low-latency kernels where an EP group spans NVLink domains over RDMA and the engine "
+        "runs them (vLLM --all2all-backend deepep_high_throughput|deepep_low_latency, SGLang --moe-a2a-backend "
+        "deepep --deepep-mode normal|low_latency) and choose by the objective; default keeps the engine's own "
+        "all-to-all; deepep-normal / deepep-low-latency pin the kernels for expert-parallel layouts.",
+    )
+    batch_overlap: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Overlap of the expert all-to-all with compute on two micro-batches (vLLM --enable-dbo, "
+        "SGLang --enable-two-batch-overlap); only with DeepEP all-to-all. auto prices it on and off and chooses "
+        "by the objective; on asks for it wherever the all-to-all is DeepEP; off never.",
+    )
     extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=list,
         max_length=64,

@@ -199,7 +199,8 @@ def _candidate(d: Mapping[str, Any]) -> Any:
     pred["notes"] = tuple(pred.get("notes") or ())
     return Candidate(layout=Layout(**d["layout"]), weight_dtype=d["weight_dtype"], kv_dtype=d["kv_dtype"],
                      chunk_size=d["chunk_size"], max_num_seqs=d["max_num_seqs"], memory=MemoryFit(**d["memory"]),
-                     prediction=Prediction(**pred), engine=d.get("engine", "vllm"), gpu=d.get("gpu", ""))
+                     prediction=Prediction(**pred), engine=d.get("engine", "vllm"), gpu=d.get("gpu", ""),
+                     a2a_backend=d.get("a2a_backend", ""), batch_overlap=bool(d.get("batch_overlap", False)))
 
 
 def plan_to_annotation(key: str, plan: Any) -> str:

@@ -54,6 +54,13 @@ DEFAULT_IMAGE = "lmsysorg/sglang:v0.5.23"
 
 SGLANG_DIST_PORT = 5000       # port used in SGLang's multi-node docs (--dist-init-addr host:5000)
 
+# The planner's DeepEP names (spec.engine.allToAll) -> SGLang 0.5.23 `--moe-a2a-backend deepep` with
+# `--deepep-mode` (arg_groups/fields/exec_.py: moe_a2a_backend default "none"; deepep_mode auto | normal |
+# low_latency, default auto = low_latency for decode batches, normal for prefill). Two-batch overlap:
+# `--enable-two-batch-overlap` (exec_.py, default False).
+A2A_BACKENDS = {"deepep-normal": "normal", "deepep-low-latency": "low_latency"}
+BATCH_OVERLAP_FLAG = "--enable-two-batch-overlap"
+
 # The largest KV page size SGLang 0.5.23 chooses for any attention backend (arg_groups/overrides.py:
 # FA4 128 for MHA, TRT-LLM MLA / FlashMLA / CuteDSL MLA 64, TRT-LLM MHA up to 128). Every per-rank chunk
 # must divide by the page size (validation_hook: "chunked_prefill_size must be divisible by page_size").
@@ -79,7 +86,7 @@ def check_layout(layout: Layout, model: Any = None, *, a2a_backend: str | None =
     if layout.ep > 1:
         if experts and experts % layout.ep:
             return f"SGLang needs the {experts} experts to divide by --ep-size {layout.ep}"
-        if a2a_backend == "deepep" and layout.tp > 1:
+        if str(a2a_backend or "").startswith("deepep") and layout.tp > 1:
             return (f"SGLang DeepEP needs --ep-size = --tp-size (MoE-TP 1), but TP{layout.tp}xEP{layout.ep} "
                     f"splits each expert {layout.tp} ways; use tp=1 or the default all-to-all backend")
     return None
@@ -129,7 +136,10 @@ def layout(layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int |
     if ep > 1:
         flags["--attn-dp-size"] = ep
         flags["--ep-size"] = ep
-        if a2a_backend:
+        if a2a_backend in A2A_BACKENDS:
+            flags["--moe-a2a-backend"] = "deepep"
+            flags["--deepep-mode"] = A2A_BACKENDS[a2a_backend]
+        elif a2a_backend:
             flags["--moe-a2a-backend"] = a2a_backend
     if chunk_size:
         flags["--chunked-prefill-size"] = chunked_prefill_size(chunk_size, ep)

@@ -216,10 +216,23 @@ def load_balancer(serving: ServingOptions, moe_ep: int, explain: list[Explanatio
     return {"num_slots": slots, "layer_updates_per_iter": 1}
 
 
+# Wide EP (issue 18): the planner's DeepEP names -> TensorRT-LLM's all-to-all methods (AlltoallMethodType
+# DeepEP / DeepEPLowLatency, tensorrt_llm/_torch/modules/fused_moe/fused_moe_wide_ep.py), run by the wide-EP MoE
+# backend (`moe_config.backend: WIDEEP`, MoeConfig of the LLM API 1.2.1; tests/conformance/trtllm_standin.py)
+# and forced with TRTLLM_FORCE_ALLTOALL_METHOD (read by select_alltoall_method_type before its own choice;
+# without it TensorRT-LLM picks MNNVL or nothing on HGX). Both need attention DP. TensorRT-LLM 1.2.1 has no
+# dual-batch-overlap option: no BATCH_OVERLAP_FLAG, so the planner never prices one for it.
+A2A_BACKENDS = {"deepep-normal": "DeepEP", "deepep-low-latency": "DeepEPLowLatency"}
+A2A_ENV = "TRTLLM_FORCE_ALLTOALL_METHOD"
+
+
 def check_layout(layout: Layout, model: Any = None, *, a2a_backend: str | None = None) -> str | None:
     experts = getattr(model, "num_experts", 0) or 0
     if layout.ep > 1 and experts and experts % layout.ep:
         return f"TensorRT-LLM needs the {experts} experts to divide by moe_expert_parallel_size {layout.ep}"
+    if a2a_backend in A2A_BACKENDS and layout.ep > 1 and not attention_dp(layout):
+        return (f"TensorRT-LLM's DeepEP all-to-all (moe_config.backend WIDEEP) runs with attention DP only, and "
+                f"{layout.label()} runs attention TP{layout.tp * layout.ep}; use tp=1 or spec.engine.allToAll default")
     return None
 
 
@@ -265,6 +278,8 @@ def layout(layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int |
         flags["--kv_cache_free_gpu_memory_fraction"] = memory_fraction
     if kv_dtype == "fp8":
         config["kv_cache_config"] = {"dtype": "fp8"}
+    if ep > 1 and a2a_backend in A2A_BACKENDS:
+        config["moe_config"] = {"backend": "WIDEEP"}
     return EngineLayout(engine=NAME, flags=flags, config=config, pp=pp, exact=exact, notes=tuple(notes), **eff)
 
 
@@ -310,7 +325,18 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
     options["kv_cache_config"] = kv
     lb = load_balancer(serving, el.moe_ep, explain)
     if lb:
-        options["moe_config"] = {"load_balancer": lb}
+        options["moe_config"] = {**(options.get("moe_config") or {}), "load_balancer": lb}
+    a2a = A2A_BACKENDS.get(getattr(candidate, "a2a_backend", "") or "") if candidate.layout.ep > 1 else None
+    env: tuple[tuple[str, str], ...] = ()
+    if a2a:
+        env = ((A2A_ENV, a2a),)
+        explain.append(Explanation("moe_config.backend", "WIDEEP", f"the plan's all-to-all {candidate.a2a_backend}: "
+                                   "TensorRT-LLM's wide-EP MoE backend runs DeepEP's kernels",
+                                   "TensorRT-LLM 1.2.1 MoeConfig; fused_moe_wide_ep.py"))
+        explain.append(Explanation(f"env {A2A_ENV}", a2a, "forces DeepEP's "
+                                   f"{'low-latency' if a2a == 'DeepEPLowLatency' else 'normal'} kernels (TensorRT-LLM "
+                                   "otherwise chooses MNNVL or none on HGX); forwarded to every MPI rank",
+                                   "TensorRT-LLM fused_moe_wide_ep.py select_alltoall_method_type"))
     if serving.cuda_graphs == "disabled":
         options["cuda_graph_config"] = None
     if serving.scheduling_policy == "priority":
@@ -331,7 +357,7 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
         hosts = ",".join(f"{h}:{role.gpus_per_pod}" for h in role.peer_hosts)
         launch = ["mpirun", "--allow-run-as-root", "-np", str(world), "-H", hosts,
                   "--mca", "plm_rsh_args", SSH_CLIENT_ARGS]
-        for name in role.env_names:
+        for name in (*role.env_names, *(n for n, _ in env if n not in role.env_names)):
             launch += ["-x", name]
         serve = launch + ["trtllm-llmapi-launch"] + serve
         ports.append(("ssh", TRTLLM_SSH_PORT))
@@ -342,4 +368,4 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
     text = yaml.safe_dump(options, sort_keys=True).strip()
     script = f"cat > {TRTLLM_OPTIONS_PATH} <<'EOF'\n{text}\nEOF\nexec \"$@\"\n"
     return EngineCommand(("/bin/sh", "-c"), (script, TRTLLM_SCRIPT_NAME, *serve), role.leader,
-                         tuple([("http", serving.port)] + ports), tuple(explain), volumes, mounts)
+                         tuple([("http", serving.port)] + ports), tuple(explain), volumes, mounts, env=env)

@@ -51,6 +51,13 @@ VERSION = "0.32.0"
 DEFAULT_IMAGE = f"vllm/vllm-openai:v{VERSION}"
 
 VLLM_MASTER_PORT = 29501      # vLLM ParallelConfig.master_port default
+
+# The planner's DeepEP names (spec.engine.allToAll) -> vLLM 0.32.0 `--all2all-backend` choices
+# (vllm/config/parallel.py All2AllBackend: deepep_high_throughput, deepep_low_latency, ...; default
+# allgather_reducescatter). Dual-batch overlap: `--enable-dbo` (ParallelConfig.enable_dbo, default False),
+# which runs only with DeepEP or nixl_ep (vllm/config/vllm.py: "Microbatching currently only supports ...").
+A2A_BACKENDS = {"deepep-normal": "deepep_high_throughput", "deepep-low-latency": "deepep_low_latency"}
+BATCH_OVERLAP_FLAG = "--enable-dbo"
 VLLM_DP_RPC_PORT = 13345      # port used in vLLM's data-parallel deployment docs
 
 
@@ -237,7 +244,7 @@ def layout(layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int |
         flags["--data-parallel-size"] = ep
         flags["--enable-expert-parallel"] = True
         if a2a_backend:
-            flags["--all2all-backend"] = a2a_backend
+            flags["--all2all-backend"] = A2A_BACKENDS.get(a2a_backend, a2a_backend)
     exact = not (tp > 1 and ep > 1)
     if not exact:
         notes.append(f"vLLM keeps experts whole: MoE runs EP{tp * ep} (not TP{tp}xEP{ep}); "

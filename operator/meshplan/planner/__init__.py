@@ -176,6 +176,10 @@ def plan(
         # lacks, e.g. RDMA between the nodes), else the first rejection
         ex = next((r for r in rejected if "network block" in r.reason or "RDMA" in r.reason), rejected[0])
         reason = (f"every layout was rejected; e.g. {ex.layout.label()}: {ex.reason}")
+    a2a_line = _a2a_comparison(candidates, chosen.choice, objective, slo)
+    if a2a_line:
+        reason = f"{reason}; {a2a_line}"
+        extra["all_to_all"] = a2a_line
     if params_warning:  # also in the reason, which the operator writes to status.plan.reason
         reason = f"{reason}; warning: {params_warning}"
     if chosen.choice is not None:
@@ -183,7 +187,9 @@ def plan(
 
         e = engine_layout(chosen.choice.layout, engine, model, chunk_size=chosen.choice.chunk_size,
                           max_num_seqs=chosen.choice.max_num_seqs, memory_fraction=space.memory_fraction,
-                          kv_dtype=chosen.choice.kv_dtype, a2a_backend=space.a2a_backend)
+                          kv_dtype=chosen.choice.kv_dtype,
+                          a2a_backend=chosen.choice.a2a_backend or space.a2a_backend,
+                          batch_overlap=chosen.choice.batch_overlap)
         extra["engine_args"] = e.argv()
         extra["engine_config"] = e.config
         extra["engine_notes"] = list(e.notes)
@@ -289,6 +295,38 @@ def _topology_comparison(candidates: Sequence[Any], choice: Any, objective: str,
     return "; ".join(parts)
 
 
+def _a2a_label(c: Any) -> str:
+    name = c.a2a_backend or "engine default all-to-all"
+    return f"{name}{' + batch overlap' if c.batch_overlap else ''}"
+
+
+def _a2a_comparison(candidates: Sequence[Any], choice: Any, objective: str, slo: Any) -> str:
+    """Why the chosen all-to-all / batch overlap: the best candidate of the chosen layout with each other
+    priced option (spec.engine.allToAll / batchOverlap auto), with figures; '' when only one was priced."""
+    if choice is None:
+        return ""
+    same = [c for c in candidates if c.layout == choice.layout and c.gpu == choice.gpu]
+    options = sorted({(c.a2a_backend, c.batch_overlap) for c in same})
+    if len(options) <= 1:
+        return ("all-to-all: " + _a2a_label(choice)) if choice.a2a_backend else ""
+    parts = []
+    for a2a, ov in options:
+        if (a2a, ov) == (choice.a2a_backend, choice.batch_overlap):
+            continue
+        sub = [c for c in same if (c.a2a_backend, c.batch_overlap) == (a2a, ov)]
+        best = choose(sub, objective, slo, n_alternatives=0).choice
+        if best is None:
+            parts.append(f"{_a2a_label(sub[0])}: none meets the SLO")
+            continue
+        p = best.prediction
+        parts.append(f"{_a2a_label(best)}: {p.tokens_per_s_per_gpu:,.1f} tokens/s/GPU at "
+                     f"{p.tokens_per_s_per_user:.1f} tokens/s/user")
+    p = choice.prediction
+    return (f"all-to-all {_a2a_label(choice)} chosen by the {objective} objective "
+            f"({p.tokens_per_s_per_gpu:,.1f} tokens/s/GPU at {p.tokens_per_s_per_user:.1f} tokens/s/user) "
+            f"over " + "; ".join(parts))
+
+
 def shape_frontiers(candidates: Sequence[Any]) -> dict[str, list[tuple[float, float]]]:
     """Per layout (`TP4·EP4·PP4 x DP4 @gb200`), its own frontier as (tokens/s/user, tokens/s/GPU)
     points: the curves of the blog's picture."""
@@ -318,6 +356,7 @@ def candidate_to_dict(c: Any) -> dict[str, Any]:
         "tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu, 3),
         "tokens_per_s_per_user": round(p.tokens_per_s_per_user, 3),
         "concurrency_per_replica": p.concurrency, "notes": list(p.notes),
+        "all_to_all": c.a2a_backend or "default", "batch_overlap": bool(c.batch_overlap),
     }
 
 
@@ -415,6 +454,7 @@ def plan_inputs_from_spec(spec: Any) -> dict[str, Any]:
         max_num_seqs=(seqs,) if seqs else SearchSpace().max_num_seqs, max_num_seqs_pinned=bool(seqs),
         weight_dtype=pr.weights, kv_dtype=pr.kv_cache, accuracy_floor=pr.accuracy_floor,
         expert_load_balancing=spec.engine.expert_load_balancing,
+        all_to_all=getattr(spec.engine, "all_to_all", "auto"), batch_overlap=getattr(spec.engine, "batch_overlap", "auto"),
     )
     replicas = None
     if "replicas" in spec.model_fields_set and not spec.autoscaling.enabled and spec.replicas > 0:

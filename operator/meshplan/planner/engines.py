@@ -126,13 +126,27 @@ def engine_layout(
     memory_fraction: float | None = None,
     kv_dtype: str | None = None,
     a2a_backend: str | None = None,
+    batch_overlap: bool = False,
 ) -> EngineLayout:
-    """The engine's spelling of one replica of `layout` (raises ValueError if it cannot run it)."""
+    """The engine's spelling of one replica of `layout` (raises ValueError if it cannot run it).
+
+    `batch_overlap` adds the engine module's `BATCH_OVERLAP_FLAG` (vLLM `--enable-dbo`, SGLang
+    `--enable-two-batch-overlap`) where the replica is expert-parallel."""
     reason = check_layout(layout, engine, model, a2a_backend=a2a_backend)
     if reason:
         raise ValueError(reason)
-    return _engines.get(engine).layout(layout, chunk_size=chunk_size, max_num_seqs=max_num_seqs,
-                                       memory_fraction=memory_fraction, kv_dtype=kv_dtype, a2a_backend=a2a_backend)
+    module = _engines.get(engine)
+    el = module.layout(layout, chunk_size=chunk_size, max_num_seqs=max_num_seqs,
+                       memory_fraction=memory_fraction, kv_dtype=kv_dtype, a2a_backend=a2a_backend or None)
+    flag = getattr(module, "BATCH_OVERLAP_FLAG", "")
+    if batch_overlap and layout.ep > 1:
+        if not flag:
+            raise ValueError(f"{_engines.title(engine)} has no dual-/two-batch overlap; set "
+                             "spec.engine.batchOverlap to off or auto")
+        from dataclasses import replace
+
+        el = replace(el, flags={**el.flags, flag: True})
+    return el
 
 
 __all__ = ["ENGINES", "EngineLayout", "check_knobs", "check_precision", "redundant_experts", "engine_knobs", "check_layout", "check_pods", "engine_layout", "replica_pods"]

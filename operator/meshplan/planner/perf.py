@@ -193,6 +193,8 @@ class _Stage:
     dispatch_bytes: float        # bytes per element for EP dispatch
     deepep: bool = False         # the all-to-all runs DeepEP's kernels (priced by `deepep_a2a_s` across domains)
     nic_gb_s: float = 0.0        # the GPU's NIC, one direction (GB/s)
+    deepep_mode: str = ""        # DeepEP kernels pinned: "normal" | "low-latency"; "": by tokens per rank (auto)
+    overlap: bool = False        # dual-batch (vLLM DBO) / two-batch (SGLang TBO) overlap of the all-to-all
 
 
 # DeepEP V1 published kernel bandwidths (github.com/deepseek-ai/DeepEP docs/legacy.md "Performance"; H800
@@ -210,6 +212,25 @@ DEEPEP_LOW_LATENCY_GB_S: dict[int, tuple[float, float]] = {
 DEEPEP_LOW_LATENCY_MAX_TOKENS = 256
 
 
+# Dual-batch overlap splits a step into two micro-batches only above a token count: vLLM 0.32.0
+# ParallelConfig.dbo_decode_token_threshold = 32 (decode-only steps) and dbo_prefill_token_threshold = 512
+# (steps carrying a prefill), vllm/config/parallel.py; below them the step runs as one batch. SGLang's
+# two-batch overlap splits any batch it can (tbo_token_distribution_threshold 0.48 decides how, not
+# whether); the planner uses vLLM's thresholds for both (a small batch gains nothing from a split).
+DBO_DECODE_TOKEN_THRESHOLD = 32
+DBO_PREFILL_TOKEN_THRESHOLD = 512
+
+# The planner's all-to-all names (spec.engine.allToAll) and the engines' spellings that mean DeepEP.
+_DEEPEP_NORMAL = ("deepep-normal", "deepep_high_throughput")
+_DEEPEP_LOW_LATENCY = ("deepep-low-latency", "deepep_low_latency")
+
+
+def deepep_mode(a2a_backend: str | None) -> str:
+    """"normal" | "low-latency" for a pinned DeepEP kernel family, "" for DeepEP auto or no DeepEP."""
+    b = str(a2a_backend or "")
+    return "normal" if b in _DEEPEP_NORMAL else "low-latency" if b in _DEEPEP_LOW_LATENCY else ""
+
+
 def _table_bw(table: dict[int, tuple[float, float]], ep: int) -> tuple[float, float]:
     """The row for `ep`: the published one, else the nearest published EP size (log scale)."""
     if ep in table:
@@ -219,14 +240,17 @@ def _table_bw(table: dict[int, tuple[float, float]], ep: int) -> tuple[float, fl
 
 
 def deepep_a2a_s(tokens_per_rank: float, k: int, hidden: int, dispatch_bytes: float, combine_bytes: float,
-                 ep: int, nic_gb_s: float) -> tuple[float, str]:
+                 ep: int, nic_gb_s: float, mode: str = "") -> tuple[float, str]:
     """Seconds of one MoE layer's dispatch + combine with DeepEP across NVLink domains, and the kernel used.
 
     Bytes per GPU: its tokens x top-k x hidden x bytes per element (DeepEP's 'logical bandwidth' counts
     every routed copy, local ones included), over the published bandwidth scaled from the 50 GB/s NIC it
-    was measured on to this GPU's NIC (`nic_gb_s`)."""
+    was measured on to this GPU's NIC (`nic_gb_s`). `mode` pins the kernels ("normal": vLLM
+    `deepep_high_throughput`, SGLang `--deepep-mode normal`; "low-latency": `deepep_low_latency`,
+    `--deepep-mode low_latency`); "" chooses by tokens per rank as SGLang's `--deepep-mode auto` does
+    (low-latency for decode batches, normal for prefill)."""
     scale = nic_gb_s / DEEPEP_NIC_GB_S if nic_gb_s > 0 else 1.0
-    if tokens_per_rank <= DEEPEP_LOW_LATENCY_MAX_TOKENS:
+    if mode == "low-latency" or (mode != "normal" and tokens_per_rank <= DEEPEP_LOW_LATENCY_MAX_TOKENS):
         kernel, (bd, bc) = "low-latency", _table_bw(DEEPEP_LOW_LATENCY_GB_S, ep)
     else:
         kernel, (bd, bc) = "normal", _table_bw(DEEPEP_NORMAL_GB_S, ep)
@@ -272,7 +296,7 @@ def _allreduce_bw(gpu: GpuSpec, group: int) -> float:
 
 @lru_cache(maxsize=8192)
 def _stage(model: ModelArch, gpu: GpuSpec, m: ReplicaMapping, weight_dtype: str, kv_dtype: str,
-           a2a_backend: str | None = None) -> _Stage:
+           a2a_backend: str | None = None, batch_overlap: bool = False) -> _Stage:
     cd = mem.component_dtypes(model, weight_dtype)   # per component (checkpoint dtypes, config.json)
     wb = mem.WEIGHT_BYTES[cd["dense"]]
     ab = mem.WEIGHT_BYTES[cd["attention"]]
@@ -331,7 +355,43 @@ def _stage(model: ModelArch, gpu: GpuSpec, m: ReplicaMapping, weight_dtype: str,
         dispatch_bytes=1.0 if weight_dtype in ("fp8", "fp4", "int8") else 2.0,
         deepep=bool(a2a_backend) and str(a2a_backend).startswith("deepep"),
         nic_gb_s=gpu.nic_gb_s,
+        deepep_mode=deepep_mode(a2a_backend),
+        overlap=bool(batch_overlap) and model.is_moe and m.moe_ep > 1,
     )
+
+
+def a2a_layer_s(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams, T: float) -> float:
+    """Seconds of one MoE layer's EP dispatch + combine for `T` tokens per attention rank.
+
+    The busiest EP rank receives `eplb_gain(moe_ep, redundant_experts)` of what it receives without EPLB:
+    the bytes (DeepEP's table time, the default all-to-all's transfer) scale with it, the fixed
+    per-collective latencies do not.
+
+    DeepEP across NVLink domains: its published tables (`deepep_a2a_s`); the normal kernels also pay the
+    per-collective latency the default all-to-all does (`nic_us` + `a2a_peer_us` per peer, dispatch and
+    combine: they signal every peer and wait on the host for the received counts, and run outside CUDA
+    graphs: SGLang 0.5.23 disables them with --deepep-mode normal, arg_groups/moe_hook.py), while the
+    low-latency kernels' published figures are their whole latency. Otherwise the all-to-all over the
+    EP group's links (NVLink inside a domain, the NIC beyond) with its fitted latencies."""
+    k = model.experts_per_token
+    tok_gpu = T / m.attn_tp
+    bal = eplb_gain(m.moe_ep, m.redundant_experts)
+    if st.deepep and st.ep_cross:
+        a2a_s, kernel = deepep_a2a_s(tok_gpu, k, model.hidden_size, st.dispatch_bytes, st.act_bytes,
+                                     m.moe_tp * m.moe_ep, st.nic_gb_s, st.deepep_mode)
+        a2a_s *= bal
+        if st.deepep_mode == "normal":
+            a2a_s += 2 * (q.nic_us + q.a2a_peer_us * (m.moe_ep - 1)) * 1e-6
+        return a2a_s
+    a2a = tok_gpu * k * model.hidden_size * (st.dispatch_bytes + st.act_bytes) * (m.moe_ep - 1) / m.moe_ep
+    lat = q.nic_us if st.ep_cross else q.comm_us
+    return a2a * bal / (st.ep_bw * q.comm_eff) + 2 * (lat + q.a2a_peer_us * (m.moe_ep - 1)) * 1e-6
+
+
+def overlap_splits(d: float, p: float) -> bool:
+    """Whether a step of `d` decode and `p` prefill tokens per rank is split into two micro-batches
+    (vLLM's DBO thresholds, `DBO_DECODE_TOKEN_THRESHOLD` / `DBO_PREFILL_TOKEN_THRESHOLD`)."""
+    return (d + p) > (DBO_PREFILL_TOKEN_THRESHOLD if p > 0 else DBO_DECODE_TOKEN_THRESHOLD)
 
 
 def iteration_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams,
@@ -340,10 +400,27 @@ def iteration_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams,
 
     d: decode tokens per attention rank, ctx: their mean context; p: prefill
     tokens per attention rank, pctx: mean context a prefill token attends to.
+
+    With batch overlap (`st.overlap`: vLLM `--enable-dbo`, SGLang `--enable-two-batch-overlap`) a step
+    above the split thresholds runs as two micro-batches of half the tokens whose all-to-all and compute
+    interleave: while one micro-batch dispatches or combines, the other computes (vLLM docs design/dbo.md,
+    "overlap the sparse all-to-all communication in the MoE layer with the surrounding computation";
+    lmsys.org/blog/2025-05-05-large-scale-ep, two-batch overlap). Each micro-batch costs its compute c and
+    its all-to-all a at half the tokens; the step costs 2 x max(c, a): the hidden part is min(c, a) per
+    micro-batch. The split's price is in c: every micro-batch reads the weights again and pays the
+    per-layer fixed cost again, so a memory-bound decode step with a small all-to-all gets slower.
     """
     T = d + p
     if T <= 0:
         return q.iter_ms / m.pp
+    if st.overlap and st.n_moe and overlap_splits(d, p):
+        from dataclasses import replace as _replace
+
+        flat = _replace(st, overlap=False)
+        half_ms = iteration_ms(model, flat, m, q, d / 2.0, ctx, p / 2.0, pctx) - q.iter_ms / m.pp
+        a = st.n_moe * a2a_layer_s(model, flat, m, q, T / 2.0) * 1e3
+        c = max(half_ms - a, 0.0)
+        return 2.0 * max(c, a) + q.iter_ms / m.pp
     ge = q.gemm_eff
     me_bw = st.hbm * q.mem_eff
     fl = st.peak_gemm * ge
@@ -379,16 +456,8 @@ def iteration_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams,
         if st.shared_w_bytes:
             t_exp += max(T * st.shared_flops_tok / fl, st.shared_w_bytes / me_bw)
         t += st.n_moe * t_exp
-        if m.moe_ep > 1 and st.deepep and st.ep_cross:
-            tok_gpu = T / m.attn_tp
-            a2a_s, _kernel = deepep_a2a_s(tok_gpu, k, model.hidden_size, st.dispatch_bytes, st.act_bytes,
-                                          m.moe_tp * m.moe_ep, st.nic_gb_s)
-            t += st.n_moe * a2a_s * bal
-        elif m.moe_ep > 1:
-            tok_gpu = T / m.attn_tp
-            a2a = tok_gpu * k * model.hidden_size * (st.dispatch_bytes + st.act_bytes) * (m.moe_ep - 1) / m.moe_ep
-            lat = q.nic_us if st.ep_cross else q.comm_us
-            t += st.n_moe * (a2a * bal / (st.ep_bw * q.comm_eff) + 2 * (lat + q.a2a_peer_us * (m.moe_ep - 1)) * 1e-6)
+        if m.moe_ep > 1:
+            t += st.n_moe * a2a_layer_s(model, st, m, q, T)
     # TP all-reduce: after attention and after FFN
     if m.attn_tp > 1:
         n = m.attn_tp
@@ -472,8 +541,13 @@ def predict(
     params: PerfParams | dict | None = None,
     memory_fraction: float = 0.9,
     a2a_backend: str | None = None,
+    batch_overlap: bool = False,
 ) -> Prediction:
     """Per-replica TTFT, TPOT and throughput of `layout` serving `workload`.
+
+    `a2a_backend` (a DeepEP name: `deepep-normal`, `deepep-low-latency`, or an engine's spelling) prices
+    an EP group across NVLink domains with DeepEP's kernels; `batch_overlap` prices dual-/two-batch
+    overlap (see `iteration_ms`).
 
     `concurrency` (requests in flight on this replica) defaults to the
     workload's concurrency divided over the layout's DP replicas; with only a
@@ -491,7 +565,7 @@ def predict(
         memory = mem.memory_fit(model, gpu, m, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                 context_tokens=workload.context, chunk_size=chunk,
                                 max_num_seqs=seqs_cap, engine=engine, memory_fraction=memory_fraction)
-    st = _stage(model, gpu, m, weight_dtype, kv_dtype, a2a_backend)
+    st = _stage(model, gpu, m, weight_dtype, kv_dtype, a2a_backend, bool(batch_overlap))
     dp = layout.dp if isinstance(layout, Layout) else 1
     notes: list[str] = []
 

@@ -106,6 +106,13 @@ class SearchSpace:
     # spec.engine.expertLoadBalancing: the engine's `redundant_experts` rule turns it into EPLB's redundant
     # experts per layout, held in the memory fit and priced by the performance model (`_redundant`)
     expert_load_balancing: str = "auto"
+    # spec.engine.allToAll: "auto" (DeepEP where an EP group crosses an NVLink domain and the engine runs it,
+    # normal and low-latency kernels both priced), "deepep-normal", "deepep-low-latency", or "default" (the
+    # engine's own all-to-all); `a2a_backend`, when set, is passed as given instead (the engine's spelling)
+    all_to_all: str = "auto"
+    # spec.engine.batchOverlap: "auto" prices dual-/two-batch overlap on and off wherever the all-to-all is
+    # DeepEP (the engines run it only there), "on" asks for it there, "off" never
+    batch_overlap: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -160,6 +167,44 @@ def shape_rule(model: Any, tp: int, ep: int, pp: int, *, domain: int, cross_doma
         return engines_mod.check_layout(Layout(tp, ep, pp), engine, model, a2a_backend=a2a_backend,
                                         gpus_per_node=gpus_per_node)
     return None
+
+
+def a2a_options(model: Any, shape: Layout, engine: Engine, space: SearchSpace, domain: int,
+                deepep_fabric: bool = True) -> list[tuple[str, bool]]:
+    """The (all-to-all backend, batch overlap) pairs the search prices for `shape` (see SearchSpace).
+
+    DeepEP is offered where the engine module spells it (`A2A_BACKENDS`: vLLM, SGLang) and accepts it for
+    the layout (`check_layout`: SGLang's DeepEP needs MoE-TP 1); with "auto" only where the EP group
+    crosses the NVLink domain (inside one, NVLink all-to-all is what the engines' defaults are tuned for
+    and what the calibration measured). Batch overlap needs DeepEP: vLLM 0.32.0 asserts "Microbatching
+    currently only supports the deepep_low_latency, deepep_high_throughput, and nixl_ep all2all backends"
+    (vllm/config/vllm.py); the engine module's `BATCH_OVERLAP_FLAG` says it has one. `deepep_fabric` False
+    (the fleet's RDMA is EFA only: DeepEP's GPU-initiated RDMA needs mlx5 NICs, render/nccl.py) keeps "auto"
+    on the engine's default all-to-all."""
+    if space.a2a_backend:
+        return [(space.a2a_backend, False)]
+    if shape.ep <= 1 or not getattr(model, "is_moe", False):
+        return [("", False)]
+    from meshplan import engines as _engines
+
+    module = _engines.MODULES.get(engine)
+    spelled = getattr(module, "A2A_BACKENDS", {}) or {}
+    want = space.all_to_all
+    if want == "auto":
+        names = ["deepep-normal", "deepep-low-latency"] if shape.tp * shape.ep > domain and deepep_fabric else []
+    elif want in spelled:
+        names = [want]
+    else:
+        names = []
+    names = [n for n in names if n in spelled and engines_mod.check_layout(
+        Layout(shape.tp, shape.ep, shape.pp), engine, model, a2a_backend=n) is None]
+    if not names:
+        return [("", False)]
+    overlap_ok = bool(getattr(module, "BATCH_OVERLAP_FLAG", ""))
+    overlaps = {"off": [False], "on": [True], "auto": [False, True]}.get(space.batch_overlap, [False])
+    if not overlap_ok:
+        overlaps = [False]
+    return [(n, o) for n in names for o in overlaps]
 
 
 def _shape_values(model: Any, max_gpus: int, space: SearchSpace) -> tuple[list[int], list[int], list[int]]:
@@ -361,6 +406,10 @@ def search(
     loaded = workload.concurrency is not None or workload.request_rate is not None
     # the all-to-all backend the renderer passes (DeepEP is priced with its own tables across domains)
     a2a_kw = {"a2a_backend": space.a2a_backend} if space.a2a_backend else {}
+    # DeepEP runs over InfiniBand / RoCE (mlx5, IBGDA), not EFA: with a fleet whose RDMA is EFA only, "auto"
+    # keeps the engine's default all-to-all
+    fabrics = {getattr(d, "fabric", "") for d in getattr(fleet, "domains", ()) or ()} - {""}
+    deepep_fabric = not fabrics or bool(fabrics - {"efa"})
     candidates: list[Candidate] = []
     evaluated = 0
     for shape, max_dp in shapes:
@@ -370,6 +419,10 @@ def search(
                                             f"only {max_dp} replicas fit"))
             continue
         mapping = _effective(shape, engine, model, space) if as_engine_runs else shape
+        dom = domain_gpus(gpu)
+        if fleet is not None and fleet.domains:
+            dom = max(d.total_gpus if d.nvlink else d.gpus_per_node for d in fleet.domains)
+        options = a2a_options(model, shape, engine, space, dom, deepep_fabric)
         knob_refusals: list[str] = []
         before = len(candidates)
         for chunk in space.chunk_sizes:
@@ -393,20 +446,27 @@ def search(
             for n_dp in dps:
                 per_replica = _per_replica_workload(workload, n_dp)
                 layout = replace(shape, dp=n_dp)
-                prev_tput = -1.0
-                for s in seqs:
-                    pred = predictor(model, gpu, mapping, per_replica, weight_dtype=wd, kv_dtype=kd,
-                                     chunk_size=chunk, max_num_seqs=s, engine=engine,
-                                     concurrency=None if loaded else s, memory=fit, **a2a_kw)
-                    evaluated += 1
-                    if not loaded and pred.tokens_per_s_per_gpu <= prev_tput:
-                        # saturated: a larger batch limit gains no throughput and no per-user speed, so
-                        # this point and every larger one are dominated by the previous point
-                        break
-                    prev_tput = pred.tokens_per_s_per_gpu
-                    candidates.append(Candidate(layout, wd, kd, chunk, s, fit, pred, engine, gpu.name))
-                    if max_itl_ms is not None and pred.tpot_ms > max_itl_ms:
-                        break
+                for a2a, overlap in options:
+                    kw = dict(a2a_kw)
+                    if a2a:
+                        kw["a2a_backend"] = a2a
+                    if overlap:
+                        kw["batch_overlap"] = True
+                    prev_tput = -1.0
+                    for s in seqs:
+                        pred = predictor(model, gpu, mapping, per_replica, weight_dtype=wd, kv_dtype=kd,
+                                         chunk_size=chunk, max_num_seqs=s, engine=engine,
+                                         concurrency=None if loaded else s, memory=fit, **kw)
+                        evaluated += 1
+                        if not loaded and pred.tokens_per_s_per_gpu <= prev_tput:
+                            # saturated: a larger batch limit gains no throughput and no per-user speed, so
+                            # this point and every larger one are dominated by the previous point
+                            break
+                        prev_tput = pred.tokens_per_s_per_gpu
+                        candidates.append(Candidate(layout, wd, kd, chunk, s, fit, pred, engine, gpu.name,
+                                                    a2a, overlap))
+                        if max_itl_ms is not None and pred.tpot_ms > max_itl_ms:
+                            break
         if knob_refusals and len(candidates) == before:       # every knob pair of this shape was refused
             rejected.append(Rejected(shape, f"engine: {knob_refusals[0]}"))
     return SearchResult(tuple(candidates), tuple(rejected), tuple(replace(s, dp=d) for s, d in shapes), wd, kd,
@@ -425,4 +485,4 @@ def _context_refusal(engine: str, context: int) -> str:
 
 
 __all__ = ["CHUNK_SIZES", "MAX_NUM_SEQS", "SearchSpace", "SearchResult", "search", "enumerate_shapes",
-           "basic_layouts", "shape_rule", "domain_gpus"]
+           "basic_layouts", "shape_rule", "domain_gpus", "a2a_options"]

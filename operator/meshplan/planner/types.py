@@ -125,6 +125,8 @@ class Candidate:
     prediction: Prediction
     engine: Engine = "vllm"
     gpu: str = ""                         # catalogue GPU name (set by the search; plans may span products)
+    a2a_backend: str = ""                 # EP all-to-all: "" the engine's default, "deepep-normal", "deepep-low-latency"
+    batch_overlap: bool = False           # dual-batch (vLLM --enable-dbo) / two-batch (SGLang) overlap
 
 
 @dataclass(frozen=True)

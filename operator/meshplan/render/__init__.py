@@ -138,6 +138,12 @@ class Rendered:
 POD_TEMPLATE_VERSION = 3
 
 
+def _deepep_signals(cmd: EngineCommand) -> list[str]:
+    """What says a pod runs DeepEP: its arguments and the environment the engine module sets (TensorRT-LLM
+    selects DeepEP by TRTLLM_FORCE_ALLTOALL_METHOD, not by a flag)."""
+    return [*cmd.args, *(v for _, v in cmd.env)]
+
+
 def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOptions, pods: PodOptions,
               gpus_per_pod: int, pods_per_replica: int) -> str:
     """10 hex chars over everything that shapes the pods except their nodes."""
@@ -163,6 +169,11 @@ def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOpt
         "pods": _asdict(pods),
         "gpus_per_pod": gpus_per_pod, "pods_per_replica": pods_per_replica,
     }
+    # the wide-EP all-to-all and batch overlap (issue 18), likewise only when set
+    if getattr(candidate, "a2a_backend", ""):
+        doc["a2a_backend"] = candidate.a2a_backend
+    if getattr(candidate, "batch_overlap", False):
+        doc["batch_overlap"] = True
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
@@ -274,12 +285,19 @@ def render_group(
     commands: list[EngineCommand] = []
     all_ports: dict[str, int] = {}
     group_why: list[Explanation] = []
+    # NVSHMEM's variables (DeepEP across nodes) reach the engine's every rank: an engine that starts its ranks
+    # itself (TensorRT-LLM's mpirun -x) must forward them too, so their names join the forwarded ones
+    probe = engine_command(candidate, serving, PodRole(rank=0, pods=n_pods, gpus_per_pod=gpus_per_pod,
+                                                       leader_host=hosts[0], peer_hosts=hosts,
+                                                       env_names=env_names, deployment=name))
+    nv_names, _ = nvshmem_env(gt, _deepep_signals(probe), ib_hca=network.ib_hca, user_env=network.env)
+    env_names += tuple(e["name"] for e in nv_names if e["name"] not in env_names)
     for p in replica.pods:
         role = PodRole(rank=p.rank, pods=n_pods, gpus_per_pod=gpus_per_pod, leader_host=hosts[0],
                        peer_hosts=hosts, env_names=env_names, deployment=name)
         cmd = engine_command(candidate, serving, role)
         commands.append(cmd)
-        nv_env, nv_why = nvshmem_env(gt, cmd.args, ib_hca=network.ib_hca, user_env=network.env)
+        nv_env, nv_why = nvshmem_env(gt, _deepep_signals(cmd), ib_hca=network.ib_hca, user_env=network.env)
         rdma_res, rdma_caps, rdma_ann, rdma_why = _rdma_pod_settings(gt, topology, p.node, gpus_per_pod)
         if p.rank == 0:
             group_why = [*nv_why, *rdma_why]

@@ -50,7 +50,9 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
     explain: list[Explanation] = []
     fraction = serving.memory_fraction or DEFAULT_MEMORY_FRACTION
     el = engine_layout(layout, engine, chunk_size=candidate.chunk_size, max_num_seqs=candidate.max_num_seqs,
-                       memory_fraction=fraction, kv_dtype=candidate.kv_dtype)
+                       memory_fraction=fraction, kv_dtype=candidate.kv_dtype,
+                       a2a_backend=getattr(candidate, "a2a_backend", "") or None,
+                       batch_overlap=bool(getattr(candidate, "batch_overlap", False)))
     # How the replica is split into pods: the planner's search asks the same predicate
     # (planner.engines.check_layout with gpus_per_node), so a planned layout passes it.
     knobs = engine_knobs(engine, layout, candidate.chunk_size, candidate.max_num_seqs)
@@ -71,6 +73,13 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
                    "default, where it differs, is explained with it)")
         elif "kv-cache" in n:
             why = "plan KV-cache dtype"
+        elif n in ("all2all-backend", "moe-a2a-backend", "deepep-mode"):
+            why = (f"plan all-to-all {candidate.a2a_backend or v}: the EP group of {layout.label()} spans NVLink "
+                   "domains over RDMA; DeepEP's kernels were priced (normal and low-latency) and chosen by the "
+                   "objective (spec.engine.allToAll)")
+        elif n in ("enable-dbo", "enable-two-batch-overlap"):
+            why = ("plan batch overlap: two micro-batches, one's all-to-all hidden behind the other's compute; "
+                   "priced on and off, chosen by the objective (spec.engine.batchOverlap)")
         else:
             why = f"parallel layout {layout.label()}"
         explain.append(Explanation(k, "true" if v is True else str(v), why, src))
