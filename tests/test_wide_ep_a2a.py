@@ -167,6 +167,10 @@ def test_the_objective_and_the_workload_decide_the_kernels():
     # (58/57 against 48/53 GB/s): the high-throughput kernels
     m = _spec("vllm", 32).model_dump(by_alias=True, exclude_none=True)
     m["spec"]["workload"].update(inputTokens=8192, outputTokens=256)
+    # EPLB off: its redundant experts shrink the busiest rank's bytes for both kernels alike, which leaves
+    # the normal kernels' fixed per-collective latency to decide, and the two options within 0.1% (177.2
+    # against 177.1 tokens/s/GPU): the per-byte comparison this test is about needs the bytes unscaled
+    m["spec"]["engine"]["expertLoadBalancing"] = "disabled"
     thr = plan_for_spec(LLMDeployment.from_manifest(m).spec, H200_IB).choice
     assert thr.a2a_backend == "deepep-normal"
 
@@ -314,7 +318,8 @@ def test_the_plan_hash_changes_with_the_all_to_all_and_not_for_plans_without_one
 
     added = {"load_format": None, "weights_refusal": "", "weights_env": (), "volumes": (), "volume_mounts": (),
              "num_experts": 0, "max_model_len_why": ""}
-    strip = lambda o: {k: v for k, v in dataclasses.asdict(o).items() if not (k in added and v == added[k])}  # noqa: E731
+    strip = lambda o: {k: v for k, v in dataclasses.asdict(o).items()  # noqa: E731
+                       if k != "model_name" and not (k in added and v == added[k])}
     doc = {"pod_template": POD_TEMPLATE_VERSION, "layout": dataclasses.asdict(plain.layout),
            "weight_dtype": plain.weight_dtype, "kv_dtype": plain.kv_dtype, "chunk_size": plain.chunk_size,
            "max_num_seqs": plain.max_num_seqs, "serving": strip(serving), "network": dataclasses.asdict(network),
