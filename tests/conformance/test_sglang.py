@@ -41,7 +41,8 @@ VENV = "sglang-0.5.23"
 PROBE = Path(__file__).with_name("sglang_probe.py")
 
 # (example, fleet) pairs that plan (the other fleets lack the example's GPU product)
-EXAMPLE_FLEETS = {"deepseek-r1-h200.yaml": "mixed", "llama-3.1-8b-1gpu.yaml": "hgx-h100",
+EXAMPLE_FLEETS = {"deepseek-r1-h200.yaml": "mixed", "deepseek-r1-mtp-h200.yaml": "mixed",
+                  "llama-3.1-8b-1gpu.yaml": "hgx-h100",
                   "llama-3.1-70b-hgx-h100.yaml": "hgx-h100", "mixtral-8x7b-l40s.yaml": "mixed",
                   "gpt-moe-1.8t-gb200-nvl72.yaml": "gb200-nvl72",
                   # the NIM and DeepSpeed-MII examples, run as SGLang

@@ -137,6 +137,7 @@ class ServingOptions:
     allow_plan_override: bool = False
     port: int = HTTP_PORT
     num_experts: int = 0                    # routed experts of the model (0: dense or unknown); TRT-LLM EPLB slots
+    speculative: Any = None                 # planner.types.Speculative (spec.engine.speculative), None: off
 
 
 @dataclass(frozen=True)
@@ -266,6 +267,18 @@ def sixteen_bit_only(title: str, model: Any, weight_dtype: str, kv_dtype: str) -
     if weight_dtype not in SIXTEEN_BIT and weight_dtype != native:
         return (f"spec.precision.weights {weight_dtype}: {title} cannot be told to run {weight_dtype} weights (it "
                 f"loads the checkpoint's {native}): pin spec.precision.weights {native} or use another engine")
+    return None
+
+
+def mtp_refusal(title: str, model: Any, speculative: Any) -> str | None:
+    """The rule every engine that runs MTP shares: the checkpoint must ship MTP modules (config.json
+    `num_nextn_predict_layers` > 0, `catalog.models.ModelArch.mtp_layers`); None when it does."""
+    if getattr(speculative, "method", "off") != "mtp":
+        return None
+    if not (getattr(model, "mtp_layers", 0) or 0):
+        return (f"spec.engine.speculative.method mtp: {getattr(model, 'name', 'the model')} has no multi-token-prediction "
+                f"modules (config.json num_nextn_predict_layers is absent or 0), so {title} has no MTP drafter to run; "
+                "set spec.engine.speculative.method off, or serve a checkpoint that ships MTP layers (DeepSeek-V3/R1)")
     return None
 
 

@@ -38,6 +38,7 @@ from meshplan.engines.base import (
     flag_items,
     flatten,
     merge_extra,
+    mtp_refusal,
     RenderError,
 )
 from meshplan.planner.types import Candidate, Layout, MemoryFit
@@ -184,6 +185,28 @@ def eplb_supported(model: str) -> bool:
     return not any(name.startswith(f) for f in EPLB_UNSUPPORTED_FAMILIES)
 
 
+def check_speculative(model: Any, speculative: Any) -> str | None:
+    """SGLang 0.5.23 runs DeepSeek-V3/R1 MTP as `--speculative-algorithm NEXTN` (an alias of EAGLE whose draft is the
+    checkpoint's own NextN module: sglang/srt/arg_groups/speculative_hook.py v0.5.23, "NEXTN aliases EAGLE")."""
+    return mtp_refusal(TITLE, model, speculative)
+
+
+def speculative_flags(speculative: Any, explain: list[Explanation]) -> dict[str, Any]:
+    """SGLang's flags for spec.engine.speculative: a chain of k drafts (top-k 1) verified as k + 1 tokens, the
+    settings of SGLang's DeepSeek MTP docs (docs.sglang.io basic_usage/deepseek "Multi-token Prediction":
+    `--speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 2` for k = 1)."""
+    if speculative is None or speculative.method == "off":
+        return {}
+    k = int(speculative.tokens)
+    explain.append(Explanation("--speculative-algorithm", "NEXTN", f"spec.engine.speculative: MTP, {k} draft token(s) "
+                               f"per step (chain: --speculative-eagle-topk 1, --speculative-num-draft-tokens {k + 1}); "
+                               f"planned at acceptance rate {speculative.acceptance_rate:.2f} = "
+                               f"{speculative.expected_tokens:.2f} tokens per step",
+                               "sglang/srt/arg_groups/speculative_hook.py v0.5.23"))
+    return {"--speculative-algorithm": "NEXTN", "--speculative-num-steps": k, "--speculative-eagle-topk": 1,
+            "--speculative-num-draft-tokens": k + 1}
+
+
 def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: EngineLayout,
             explain: list[Explanation]) -> EngineCommand:
     layout_ = candidate.layout
@@ -246,6 +269,7 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
         # 0.5.23 deprecates --disable-cuda-graph for --cuda-graph-backend-{decode,prefill}=disabled
         flags["--cuda-graph-backend-decode"] = "disabled"
         flags["--cuda-graph-backend-prefill"] = "disabled"
+    flags.update(speculative_flags(serving.speculative, explain))
     if layout_.ep > 1 and serving.expert_load_balancing != "disabled":
         if not eplb_supported(serving.model):
             if serving.expert_load_balancing == "enabled":

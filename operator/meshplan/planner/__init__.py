@@ -176,6 +176,9 @@ def plan(
         # lacks, e.g. RDMA between the nodes), else the first rejection
         ex = next((r for r in rejected if "network block" in r.reason or "RDMA" in r.reason), rejected[0])
         reason = (f"every layout was rejected; e.g. {ex.layout.label()}: {ex.reason}")
+    spec_note = next((n for n in (c.prediction.notes if c is not None else ()) if n.startswith("speculative ")), "")
+    if spec_note:   # expected tokens per step and the TPOT gain (perf.predict), in status.plan.reason
+        reason = f"{reason}; {spec_note}"
     if params_warning:  # also in the reason, which the operator writes to status.plan.reason
         reason = f"{reason}; warning: {params_warning}"
     if chosen.choice is not None:
@@ -368,6 +371,25 @@ def model_from_spec(model_spec: Any) -> Any:
     )
 
 
+# Default MTP acceptance rate when spec.engine.speculative.acceptanceRate is unset: DeepSeek-V3 technical report
+# (arXiv:2412.19437, section 5.4.3 "Multi-Token Prediction Evaluation"): "the acceptance rate of the second token
+# prediction ranges between 85% and 90%"; the low end.
+MTP_DEFAULT_ACCEPTANCE = 0.85
+MTP_DEFAULT_SOURCE = "default: DeepSeek-V3 technical report arXiv:2412.19437 section 5.4.3, 85-90% for the second token"
+
+
+def speculative_from_spec(engine_spec: Any) -> Any:
+    """`spec.engine.speculative` -> `types.Speculative` (None when off), with the acceptance rate's source."""
+    from meshplan.planner.types import Speculative
+
+    s = getattr(engine_spec, "speculative", None)
+    if s is None or s.method == "off":
+        return None
+    if s.acceptance_rate is not None:
+        return Speculative(s.method, s.tokens, float(s.acceptance_rate), "spec.engine.speculative.acceptanceRate")
+    return Speculative(s.method, s.tokens, MTP_DEFAULT_ACCEPTANCE, MTP_DEFAULT_SOURCE)
+
+
 def plan_inputs_from_spec(spec: Any) -> dict[str, Any]:
     """The keyword arguments of `plan` that an `LLMDeploymentSpec` determines."""
     from meshplan.api.models import pinned
@@ -388,6 +410,7 @@ def plan_inputs_from_spec(spec: Any) -> dict[str, Any]:
         chunk_sizes=(chunk,) if chunk else SearchSpace().chunk_sizes,
         max_num_seqs=(seqs,) if seqs else SearchSpace().max_num_seqs, max_num_seqs_pinned=bool(seqs),
         weight_dtype=pr.weights, kv_dtype=pr.kv_cache, accuracy_floor=pr.accuracy_floor,
+        speculative=speculative_from_spec(spec.engine),
     )
     replicas = None
     if "replicas" in spec.model_fields_set and not spec.autoscaling.enabled and spec.replicas > 0:

@@ -144,7 +144,7 @@ def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOpt
     # fields added after v1alpha1 shipped enter the hash only when set, so an operator upgrade does not
     # change the hash (and roll) of groups that do not use them
     added = {"load_format": None, "weights_refusal": "", "weights_env": (), "volumes": (), "volume_mounts": (),
-             "num_experts": 0, "max_model_len_why": ""}
+             "num_experts": 0, "max_model_len_why": "", "speculative": None}
 
     def _asdict(obj: Any) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(obj).items() if not (k in added and v == added[k])}
