@@ -265,3 +265,21 @@ def test_the_mtp_speed_up_matches_two_published_sources():
     assert max(ratio_err) < 0.10, ratio_err
     assert sorted(ratio_err)[len(ratio_err) // 2] < 0.05
     assert min(plain_err) > 0.25        # without the MTP term the speed-up is missed entirely
+
+
+def test_an_explicit_architecture_carries_its_mtp_layers():
+    """`meshplan architecture config.json` writes config.json num_nextn_predict_layers as spec.model.architecture
+    .mtpLayers, and the planner reads it back: with it MTP plans, without it MTP is refused naming the field."""
+    from meshplan.catalog.models import architecture_manifest
+    from meshplan.planner import model_from_spec
+
+    arch = architecture_manifest(load_hf_config(FIXTURES / "deepseek-ai--DeepSeek-R1_config.json"))
+    assert arch["mtpLayers"] == 1
+    m = _manifest(method="mtp")
+    m["spec"]["model"] = {"name": "deepseek-ai/DeepSeek-R1", "architecture": arch}
+    spec = LLMDeployment.from_manifest(m).spec
+    assert model_from_spec(spec.model).mtp_layers == 1
+    assert plan_for_spec(spec).choice is not None
+    m["spec"]["model"]["architecture"] = {k: v for k, v in arch.items() if k != "mtpLayers"}
+    refused = plan_for_spec(LLMDeployment.from_manifest(m).spec)
+    assert refused.choice is None and "num_nextn_predict_layers" in refused.reason

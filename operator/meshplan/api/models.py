@@ -443,6 +443,11 @@ class Architecture(ApiModel):
         default=None, ge=1, le=16777216,
         description="Longest context the model supports (config.json `max_position_embeddings`).",
     )
+    mtp_layers: int | None = Field(
+        default=None, ge=0, le=16,
+        description="Multi-token-prediction modules the checkpoint ships (config.json `num_nextn_predict_layers`; "
+        "DeepSeek-V3/R1: 1): what spec.engine.speculative.method mtp drafts with. Default 0 (no MTP).",
+    )
     total_params: int | None = Field(
         default=None, ge=1, le=100_000_000_000_000,
         description="Total parameter count, all experts included. When given, the planner sizes the weights at "

@@ -509,6 +509,8 @@ def architecture_manifest(m: ModelArch) -> dict:
                    linearValueHeadDim=m.linear_value_head_dim)
         if m.linear_conv_kernel:
             out["linearConvKernel"] = m.linear_conv_kernel
+    if m.mtp_layers:
+        out["mtpLayers"] = m.mtp_layers
     out["weightDtype"] = m.native_dtype
     for key, comp, present in (("attentionDtype", "attention", True),
                                ("denseDtype", "dense", m.dense_layers > 0),

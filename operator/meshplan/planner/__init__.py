@@ -366,6 +366,7 @@ def model_from_spec(model_spec: Any) -> Any:
         dense_dtype=arch.dense_dtype or "",
         shared_expert_dtype=arch.shared_expert_dtype or "",
         checkpoint_fixed=wd is not None,
+        mtp_layers=int(arch.mtp_layers or 0),
         declared_total_params=float(arch.total_params or 0),
         total_params=0.0, active_params=0.0,  # recomputed with the linear-attention layers
     )

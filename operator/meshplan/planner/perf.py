@@ -477,14 +477,14 @@ def predict(
     ttft, tpot, b_run, prefill_ms = _core(model, st, m, q, isl, osl, B, chunk, seqs_cap, memory, engine, spec)
     if b_run < B:
         notes.append(f"only {b_run} of {B} requests run at once (batch slots / KV cache); the rest queue")
-    if spec is not None:
-        plain = _core(model, st, m, q, isl, osl, B, chunk, seqs_cap, memory, engine)[1]
+    plain = _core(model, st, m, q, isl, osl, B, chunk, seqs_cap, memory, engine)[1] if spec is not None else 0.0
+    if plain > 0:
         e = spec.expected_tokens
         notes.append(f"speculative {spec.method}: {spec.tokens} draft token(s) per step at acceptance rate "
                      f"{spec.acceptance_rate:.2f} ({spec.source or 'spec.engine.speculative'}) = {e:.2f} tokens per "
                      f"step (Leviathan et al. 2023); a step of {tpot * e:.2f} ms verifies {spec.tokens + 1} tokens per "
                      f"sequence and runs the draft: TPOT {tpot:.2f} ms against {plain:.2f} ms without "
-                     f"({100 * (tpot / plain - 1):+.0f}% ITL)" if plain > 0 else "")
+                     f"({100 * (tpot / plain - 1):+.0f}% ITL)")
     tps_user = 1000.0 / tpot
     tps_gpu = b_run * tps_user / m.gpus
     return Prediction(ttft_ms=ttft, tpot_ms=tpot, tokens_per_s_per_gpu=tps_gpu,
