@@ -283,3 +283,32 @@ def test_an_explicit_architecture_carries_its_mtp_layers():
     m["spec"]["model"]["architecture"] = {k: v for k, v in arch.items() if k != "mtpLayers"}
     refused = plan_for_spec(LLMDeployment.from_manifest(m).spec)
     assert refused.choice is None and "num_nextn_predict_layers" in refused.reason
+
+
+def test_the_operator_reports_a_refused_mtp_as_a_condition_with_the_field():
+    """What the schema cannot see (the model's MTP modules) the operator reports: Planned False, NoFeasiblePlan,
+    with the planner's reason naming config.json num_nextn_predict_layers and spec.engine.speculative.method."""
+    from meshplan.controller.reconcile import _capacity_message
+    from meshplan.devcluster.fleets import fleet_nodes, load_fleet
+
+    topo = build_topology(fleet_nodes(load_fleet("hgx-h100")), [], ready_if_unknown=True)
+    m = _manifest("llama-3.1-70b", "vllm", method="mtp")
+    m["spec"]["gpus"] = {"maxGpus": 8}
+    spec = LLMDeployment.from_manifest(m).spec
+    p = plan_for_spec(spec, topo)
+    assert p.choice is None
+    reason, message = _capacity_message(spec, topo, p.reason, topo)
+    assert reason == "NoFeasiblePlan"
+    assert "num_nextn_predict_layers" in message and "spec.engine.speculative.method" in message
+
+
+def test_verified_tokens_read_their_sequences_kv_cache_once():
+    """k + 1 tokens of ONE sequence read its KV cache once (the attention kernel takes them as one query block); three
+    sequences read three caches (MLA decode attention also computes per token, so the saving is the KV reads only)."""
+    model, gpu, q = get_model("deepseek-r1"), get_gpu("h200_sxm"), FITTED_PARAMS
+    m = ReplicaMapping(attn_tp=8, moe_tp=8)
+    st = perf._stage(model, gpu, m, "fp8", "fp8", None)
+    one_token = perf.iteration_ms(model, st, m, q, 1, 65536, 0.0, 0.0)
+    one_seq_three_tokens = perf.iteration_ms(model, st, m, q, 3, 65536, 0.0, 0.0, 3)
+    three_seqs = perf.iteration_ms(model, st, m, q, 3, 65536, 0.0, 0.0)
+    assert one_token < one_seq_three_tokens < 0.9 * three_seqs
