@@ -312,3 +312,30 @@ def test_verified_tokens_read_their_sequences_kv_cache_once():
     one_seq_three_tokens = perf.iteration_ms(model, st, m, q, 3, 65536, 0.0, 0.0, 3)
     three_seqs = perf.iteration_ms(model, st, m, q, 3, 65536, 0.0, 0.0)
     assert one_token < one_seq_three_tokens < 0.9 * three_seqs
+
+
+def test_sglang_never_plans_pipeline_stages_with_mtp():
+    """SGLang 0.5.23's start-up check (found by its conformance probe: TP8 x PP2 with NEXTN was refused) — "PP +
+    speculative decoding (MTP) is only supported on prefill nodes": the search drops PP > 1 for SGLang with MTP,
+    a pinned PP2 is refused with that reason, and the renderer refuses it too. vLLM 0.32.0 builds TP8 x PP2 with
+    MTP (tests/conformance/test_vllm.py case deepseek-r1-mtp-pp2), so it keeps them."""
+    from meshplan.engines.base import RenderError, ServingOptions
+    from meshplan.render.engine_args import PodRole, engine_command
+
+    def spec_of(kind, pipeline):
+        m = _manifest("deepseek-r1", kind, method="mtp")
+        m["spec"]["parallelism"] = {"pipeline": pipeline} if pipeline else {}
+        m["spec"]["gpus"]["maxGpus"] = 16
+        return LLMDeployment.from_manifest(m).spec
+
+    free = plan_for_spec(spec_of("sglang", None))
+    assert free.choice is not None and all(c.layout.pp == 1 for c in free.frontier)
+    pinned = plan_for_spec(spec_of("sglang", 2))
+    assert pinned.choice is None and "PP + speculative decoding" in pinned.reason
+    assert plan_for_spec(spec_of("vllm", 2)).choice is not None
+    cand = Candidate(layout=Layout(tp=8, pp=2), weight_dtype="fp8", kv_dtype="fp8", chunk_size=2048, max_num_seqs=32,
+                     memory=MemoryFit(True, 0, 0, 0, 0, 0, 0, 0), prediction=Prediction(0, 0, 0, 0, 0), engine="sglang")
+    serving = ServingOptions(engine="sglang", model="deepseek-ai/DeepSeek-R1", checkpoint_dtype="fp8",
+                             speculative=Speculative("mtp", 1, 0.85))
+    with pytest.raises(RenderError, match="pipeline"):
+        engine_command(cand, serving, PodRole(rank=0, pods=2, gpus_per_pod=8, leader_host="r1-0"))

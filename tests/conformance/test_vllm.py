@@ -163,6 +163,15 @@ CASES: list[tuple[str, dict, str]] = [
                                    gpus={"maxGpus": 8, "products": ["NVIDIA-H200"]},
                                    **_engine(speculative={"method": "mtp", "tokens": 2})), "mixed"),
     ("example-deepseek-r1-mtp-h200", _example("deepseek-r1-mtp-h200"), "mixed"),
+    # MTP with pipeline stages across two H200 nodes (vLLM keeps PP with MTP; SGLang refuses it) and with expert
+    # parallelism and attention DP
+    ("deepseek-r1-mtp-pp2", _base("deepseek-r1", parallelism={"tensor": 8, "pipeline": 2},
+                                  gpus={"maxGpus": 16, "products": ["NVIDIA-H200"]},
+                                  **_engine(speculative={"method": "mtp", "tokens": 1})), "hgx-h200-ib"),
+    ("deepseek-r1-mtp-ep8", _base("deepseek-r1", parallelism={"tensor": 1, "expert": 8, "pipeline": 1},
+                                  gpus={"maxGpus": 8, "products": ["NVIDIA-H200"]},
+                                  **_engine(speculative={"method": "mtp", "tokens": 3, "acceptanceRate": 0.7})),
+     "mixed"),
 ]
 
 
@@ -283,7 +292,7 @@ def test_the_config_vllm_builds_is_the_plan(conformance):
 def test_mtp_reaches_vllms_speculative_config(conformance):
     """spec.engine.speculative renders a --speculative-config vLLM 0.32.0 resolves with DeepSeek-R1's real
     config.json (num_nextn_predict_layers 1) to MTP with the planned draft tokens; cases without it run none."""
-    for case in ("deepseek-r1-mtp2-tp8", "example-deepseek-r1-mtp-h200"):
+    for case in ("deepseek-r1-mtp2-tp8", "example-deepseek-r1-mtp-h200", "deepseek-r1-mtp-pp2", "deepseek-r1-mtp-ep8"):
         spec = LLMDeployment.from_manifest(next(m for c, m, _ in CASES if c == case)).spec.engine.speculative
         for i, _ in enumerate(conformance["rendered"][case].pods):
             cfg = conformance["results"][f"{case}/pod{i}"]["config"]

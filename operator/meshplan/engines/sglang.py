@@ -191,6 +191,17 @@ def check_speculative(model: Any, speculative: Any) -> str | None:
     return mtp_refusal(TITLE, model, speculative)
 
 
+def check_speculative_layout(layout: Layout, speculative: Any) -> str | None:
+    """SGLang 0.5.23 refuses pipeline stages with speculative decoding outside a PD prefill worker:
+    "PP + speculative decoding (MTP) is only supported on prefill nodes (disaggregation-mode=prefill)"
+    (sglang/srt/arg_groups/validation_hook.py v0.5.23; only the experimental SGLANG_ENABLE_PP_SPEC lifts it)."""
+    if getattr(speculative, "method", "off") != "off" and layout.pp > 1:
+        return (f"SGLang 0.5.23 runs speculative decoding (MTP) without pipeline stages only (PP{layout.pp} asked): "
+                "'PP + speculative decoding (MTP) is only supported on prefill nodes' (sglang/srt/arg_groups/"
+                "validation_hook.py); pin spec.parallelism.pipeline 1 or set spec.engine.speculative.method off")
+    return None
+
+
 def speculative_flags(speculative: Any, explain: list[Explanation]) -> dict[str, Any]:
     """SGLang's flags for spec.engine.speculative: a chain of k drafts (top-k 1) verified as k + 1 tokens, the
     settings of SGLang's DeepSeek MTP docs (docs.sglang.io basic_usage/deepseek "Multi-token Prediction":
@@ -269,6 +280,9 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
         # 0.5.23 deprecates --disable-cuda-graph for --cuda-graph-backend-{decode,prefill}=disabled
         flags["--cuda-graph-backend-decode"] = "disabled"
         flags["--cuda-graph-backend-prefill"] = "disabled"
+    refused = check_speculative_layout(layout_, serving.speculative)
+    if refused:
+        raise RenderError(refused)
     flags.update(speculative_flags(serving.speculative, explain))
     if layout_.ep > 1 and serving.expert_load_balancing != "disabled":
         if not eplb_supported(serving.model):

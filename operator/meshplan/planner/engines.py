@@ -97,6 +97,16 @@ def check_speculative(engine: Engine, model: Any, speculative: Any) -> str | Non
     return rule(model, speculative)
 
 
+def check_speculative_layout(layout: Layout, engine: Engine, speculative: Any) -> str | None:
+    """Why `engine` cannot run `layout` WITH speculative decoding (None when it can, or when it is off): the engine
+    module's `check_speculative_layout` where it has one (SGLang: no pipeline stages); the search and the renderer
+    both ask it."""
+    if speculative is None or getattr(speculative, "method", "off") == "off":
+        return None
+    rule = getattr(_engines.get(engine), "check_speculative_layout", None)
+    return rule(layout, speculative) if rule is not None else None
+
+
 def check_layout(layout: Layout, engine: Engine, model: Any = None, *, a2a_backend: str | None = None,
                  gpus_per_node: int | None = None) -> str | None:
     """Why `engine` cannot run `layout` (None when it can).

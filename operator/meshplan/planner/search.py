@@ -214,6 +214,8 @@ def enumerate_shapes(
                 reason = shape_rule(model, tp, ep, pp, domain=domain, cross_domain=space.cross_domain,
                                     tp_pinned=space.tensor is not None, engine=engine,
                                     a2a_backend=space.a2a_backend, gpus_per_node=per_node)
+                if reason is None and engine is not None and space.speculative is not None:
+                    reason = engines_mod.check_speculative_layout(shape, engine, space.speculative)
                 if reason is None and memory_fn is not None:
                     fit = memory_fn(model, gpu, shape, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                     context_tokens=context_tokens, chunk_size=min_chunk, max_num_seqs=1,
