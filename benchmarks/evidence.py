@@ -33,7 +33,7 @@ from meshplan.catalog.models import get_model
 from meshplan.planner.calibration import FITTED_PARAMS
 from meshplan.planner.perf import PerfParams, predict
 from meshplan.planner.memory import ReplicaMapping
-from meshplan.planner.types import Workload
+from meshplan.planner.types import Speculative, Workload, acceptance_rate_for_length
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy import median, spearman  # noqa: E402
@@ -58,6 +58,9 @@ class Run:
     concurrency: int
     measured: dict
     spec: bool
+    spec_tokens: int = 0            # speculative rows: draft tokens per step (0: the source's run without it)
+    spec_accept_length: float = 1.0  # the source's mean acceptance length (tokens per step)
+    stat: str = ""
 
 
 def load(path: Path = HERE / "runs.csv") -> list[Run]:
@@ -69,7 +72,10 @@ def load(path: Path = HERE / "runs.csv") -> list[Run]:
         out.append(Run(source=r["source"], model=r["model"], gpu=r["gpu"], engine=r["engine"], mapping=mapping,
                        weight_dtype=r["weight_dtype"], kv_dtype=r["kv_dtype"],
                        isl=int(r["isl"]), osl=int(r["osl"]), concurrency=int(r["concurrency"]), measured=measured,
-                       spec=r.get("spec_decoding", "no").strip().lower() not in ("", "no", "false")))
+                       spec=r.get("spec_decoding", "no").strip().lower() not in ("", "no", "false"),
+                       spec_tokens=int((r.get("spec_tokens") or "0").strip() or 0),
+                       spec_accept_length=float((r.get("spec_accept_length") or "1").strip() or 1.0),
+                       stat=(r.get("stat") or "").strip()))
     return out
 
 
@@ -78,6 +84,56 @@ def predict_run(run: Run, params: PerfParams) -> dict:
                 Workload(isl=run.isl, osl=run.osl), weight_dtype=run.weight_dtype, kv_dtype=run.kv_dtype,
                 engine=run.engine, concurrency=run.concurrency, params=params)
     return {"tpot_ms": p.tpot_ms, "ttft_ms": p.ttft_ms, "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu}
+
+
+def predict_spec_run(run: Run, params: PerfParams, with_spec: bool = True) -> dict:
+    """A speculative-decoding row priced with MTP at the source's acceptance length (converted to the per-token
+    rate, `types.acceptance_rate_for_length`) or, `with_spec=False`, without it. A `decode-only` row (a
+    prefill/decode-disaggregated decode worker) carries no other requests' prompts (interference 0)."""
+    q = params.with_values(interference=0.0) if run.stat == "decode-only" else params
+    spec = None
+    if with_spec and run.spec_tokens > 0:
+        a = acceptance_rate_for_length(run.spec_tokens, run.spec_accept_length)
+        spec = Speculative("mtp", run.spec_tokens, a, f"{run.source} acceptance length {run.spec_accept_length}")
+    p = predict(get_model(run.model), get_gpu(run.gpu), run.mapping,
+                Workload(isl=run.isl, osl=run.osl), weight_dtype=run.weight_dtype, kv_dtype=run.kv_dtype,
+                engine=run.engine, concurrency=run.concurrency, params=q, speculative=spec)
+    return {"tpot_ms": p.tpot_ms, "ttft_ms": p.ttft_ms, "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu}
+
+
+def speculative_report(runs: list[Run], params: PerfParams) -> list[str]:
+    """Lines: every speculative row predicted with MTP priced and without, the median errors of both."""
+    out = ["-- speculative decoding (MTP) rows, kept apart: predicted with MTP priced / without / measured " + "-" * 20]
+    with_err, without_err = [], []
+    for r in runs:
+        p1, p0 = predict_spec_run(r, params), predict_spec_run(r, params, with_spec=False)
+        m = r.measured.get("tpot_ms")
+        if m is None:
+            continue
+        e1, e0 = p1["tpot_ms"] / m - 1.0, p0["tpot_ms"] / m - 1.0
+        if r.spec_tokens > 0:
+            with_err.append(e1)
+            without_err.append(e0)
+        out.append(f"  {r.source:<22} {r.gpu:<9} k={r.spec_tokens} accept {r.spec_accept_length:4.2f}: TPOT pred "
+                   f"{p1['tpot_ms']:6.2f} ms ({e1:+6.1%}), without MTP {p0['tpot_ms']:6.2f} ms ({e0:+6.1%}), "
+                   f"measured {m:6.2f} ms")
+    # the MTP speed-up against the same source's run without it (the per-step floor cancels): predicted TPOT
+    # ratio over measured TPOT ratio
+    base = {r.source: (predict_spec_run(r, params)["tpot_ms"], r.measured["tpot_ms"])
+            for r in runs if r.spec_tokens == 0 and "tpot_ms" in r.measured}
+    ratio_err = []
+    for r in runs:
+        if r.spec_tokens > 0 and r.source in base and "tpot_ms" in r.measured:
+            pb, mb = base[r.source]
+            ratio_err.append((predict_spec_run(r, params)["tpot_ms"] / pb) / (r.measured["tpot_ms"] / mb) - 1.0)
+    if ratio_err:
+        out.append(f"  MTP speed-up against the source's own run without MTP (TPOT ratio, n={len(ratio_err)}): median "
+                   f"|err| {median([abs(e) for e in ratio_err]):.1%}, bias {median(ratio_err):+.1%}")
+    if with_err:
+        out.append(f"  MTP rows n={len(with_err)}: TPOT median |err| {median([abs(e) for e in with_err]):.1%} "
+                   f"(bias {median(with_err):+.1%}) priced; {median([abs(e) for e in without_err]):.1%} "
+                   f"(bias {median(without_err):+.1%}) if priced without MTP")
+    return out
 
 
 def _m(m: ReplicaMapping) -> str:
@@ -128,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", action="store_true", help="print every row")
     ap.add_argument("--variant", choices=sorted(VARIANTS), default=None)
     args = ap.parse_args(argv)
-    runs = [r for r in load(args.data) if not r.spec]     # speculative decoding runs kept apart (not priced)
+    every = load(args.data)
+    runs = [r for r in every if not r.spec]     # speculative decoding runs kept apart (priced in their own table)
     base = FITTED_PARAMS
 
     def run_all(rs, value=None):
@@ -162,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
             print(_fmt(k, figures(by[k])))
     print("=" * 120)
     print(_fmt("ALL (held out)", figures(pairs)))
+    spec_runs = [r for r in every if r.spec]
+    if spec_runs and not args.variant:
+        print("\n".join(speculative_report(spec_runs, base)))
     if args.rows:
         for r, p in pairs:
             cells = " ".join(f"{k.split('_')[0]} {p[k]:8.1f}/{r.measured[k]:8.1f}" for k in METRICS if k in r.measured)

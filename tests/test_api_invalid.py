@@ -87,6 +87,13 @@ INVALID_CASES: list[tuple[str, dict, str]] = [
     ("extra-args-set-tensor-parallel", {"engine": {"extraArgs": ["--tensor-parallel-size=8"]}}, "spec.engine.extraArgs"),
     ("extra-args-sglang-tp", {"engine": {"kind": "sglang", "extraArgs": ["--tp", "4"]}}, "spec.engine.extraArgs"),
     ("extra-args-too-many", {"engine": {"extraArgs": ["--disable-log-requests"] * 65}}, "spec.engine.extraArgs"),
+    # speculative decoding (MTP): the method enum, the bounds, and engines that cannot be told to run it
+    ("speculative-unknown-method", {"engine": {"speculative": {"method": "medusa"}}}, "spec.engine.speculative.method"),
+    ("speculative-zero-tokens", {"engine": {"speculative": {"method": "mtp", "tokens": 0}}}, "spec.engine.speculative.tokens"),
+    ("speculative-acceptance-one", {"engine": {"speculative": {"method": "mtp", "acceptanceRate": 1.0}}},
+     "spec.engine.speculative.acceptanceRate"),
+    ("speculative-on-nim", {"engine": {"kind": "nim", "image": "nvcr.io/nim/meta/llama-3.1-8b-instruct:1.8.0",
+                                       "speculative": {"method": "mtp"}}}, "spec.engine.speculative.method"),
     ("env-inline-token", {"engine": {"env": [{"name": "HF_TOKEN", "value": "hf_abcdefghijklmnopqrstuvwxyz"}]}}, "spec.engine.env[0].value"),
     ("env-duplicate-name", {"engine": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}}, "spec.engine.env[1]"),
     ("weights-uri-userinfo", {"model": {"weights": {"uri": "https://user:pa55@models.example.com/llama"}}}, "spec.model.weights.uri"),

@@ -48,6 +48,7 @@ def _deployment(path: Path, engine: str) -> LLMDeployment:
         # engines without a pinned image; another engine's extraArgs are not theirs (NIM takes none)
         m["spec"]["engine"]["image"] = NO_IMAGE[engine]
         m["spec"]["engine"].pop("extraArgs", None)
+        m["spec"]["engine"].pop("speculative", None)   # NIM and MII cannot be told to (the API refuses it)
     m["spec"].setdefault("gpus", {}).pop("products", None)
     return LLMDeployment.from_manifest(m)
 

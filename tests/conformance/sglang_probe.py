@@ -163,7 +163,10 @@ for case in payload["cases"]:
             out["config"] = {k: getattr(v, k, None) for k in ("tp_size", "attn_dp_size", "ep_size", "chunked_prefill_size",
                                                               "page_size", "max_running_requests",
                                                               "mem_fraction_static", "context_length",
-                                                              "kv_cache_dtype", "attention_backend")}
+                                                              "kv_cache_dtype", "attention_backend",
+                                                              "speculative_algorithm", "speculative_num_steps",
+                                                              "speculative_eagle_topk",
+                                                              "speculative_num_draft_tokens")}
     except BaseException as exc:  # noqa: BLE001 - SystemExit from argparse, AssertionError from checks
         out["error"] = f"{type(exc).__name__}: {exc}"
         out["trace"] = traceback.format_exc()[-1500:]

@@ -42,7 +42,8 @@ VENV = "sglang-0.5.23"
 PROBE = Path(__file__).with_name("sglang_probe.py")
 
 # (example, fleet) pairs that plan (the other fleets lack the example's GPU product)
-EXAMPLE_FLEETS = {"deepseek-r1-h200.yaml": "mixed", "llama-3.1-8b-1gpu.yaml": "hgx-h100",
+EXAMPLE_FLEETS = {"deepseek-r1-h200.yaml": "mixed", "deepseek-r1-mtp-h200.yaml": "mixed",
+                  "llama-3.1-8b-1gpu.yaml": "hgx-h100",
                   "llama-3.1-70b-hgx-h100.yaml": "hgx-h100", "mixtral-8x7b-l40s.yaml": "mixed",
                   "gpt-moe-1.8t-gb200-nvl72.yaml": "gb200-nvl72",
                   # the NIM and DeepSpeed-MII examples, run as SGLang
@@ -286,3 +287,18 @@ def test_every_example_case_builds_sglangs_start_up_configuration(probe):
         want = 4096 if r["id"].split("/")[1] == "extra-args" else planned["context"]
         assert cfg["context_length"] == want, (r["id"], cfg)
 
+
+def test_mtp_example_resolves_to_sglangs_nextn_speculative_config(probe):
+    """examples/deepseek-r1-mtp-h200.yaml (spec.engine.speculative mtp, 2 tokens) with DeepSeek-R1's real config.json
+    (num_nextn_predict_layers 1): SGLang 0.5.23's start-up resolution keeps a chain of 2 draft steps, top-k 1, 3
+    tokens verified, under its resolved algorithm (NEXTN is an alias of EAGLE); the examples without it run none."""
+    cases, out = probe
+    mtp = [r for r in out["results"] if r["id"].startswith("deepseek-r1-mtp-h200.yaml/")]
+    assert mtp and all(r["resolved"] for r in mtp), [(r["id"], r["error"]) for r in mtp]
+    for r in mtp:
+        cfg = r["config"]
+        assert cfg["speculative_algorithm"] in ("NEXTN", "EAGLE"), cfg
+        assert (cfg["speculative_num_steps"], cfg["speculative_eagle_topk"], cfg["speculative_num_draft_tokens"]) == \
+            (2, 1, 3), cfg
+    plain = [r for r in out["results"] if r["id"].startswith("deepseek-r1-h200.yaml/") and r["resolved"]]
+    assert plain and all(r["config"]["speculative_algorithm"] is None for r in plain)

@@ -45,7 +45,7 @@ from meshplan.catalog.models import get_model  # noqa: E402
 from meshplan.devcluster.fleets import fleet_nodes, load_fleet  # noqa: E402
 from meshplan.engines import trtllm  # noqa: E402
 from meshplan.placement import place, request_for_layout  # noqa: E402
-from meshplan.planner.types import Candidate, Layout, MemoryFit, Prediction  # noqa: E402
+from meshplan.planner.types import Candidate, Layout, MemoryFit, Prediction, Speculative  # noqa: E402
 from meshplan.render import NetworkOptions, Owner, PodOptions, render_deployment  # noqa: E402
 from meshplan.render.engine_args import ServingOptions  # noqa: E402
 from meshplan.render.pipeline import plan_place_render  # noqa: E402
@@ -200,6 +200,8 @@ FAMILIES = {
     "wide-ep-deepep-eplb-ib": (lambda: _h200_ib(2), Layout(tp=1, ep=16), 8, "deepseek-r1",
                                {"weight_dtype": "fp8", "checkpoint_dtype": "fp8", "a2a_backend": "deepep-normal",
                                 "expert_load_balancing": "enabled"}),
+    "mtp-3": (lambda: hgx_h100(1), Layout(tp=8), 8, "deepseek-r1",
+              {"weight_dtype": "fp8", "checkpoint_dtype": "fp8", "speculative": Speculative("mtp", 3, 0.8)}),
     "extra-args": (lambda: hgx_h100(1), Layout(tp=8), 8, "llama-3.1-70b",
                    {"extra_args": ("--trust_remote_code", "--num_postprocess_workers", "2", "--max_seq_len=4096",
                                    "--log_level", "info")}),
@@ -232,6 +234,11 @@ def test_layout_families_and_toggles_render_what_trtllm_accepts(family):
         assert args.cuda_graph_config is None
     if family == "prefix-caching-off":
         assert args.kv_cache_config.enable_block_reuse is False
+    if family == "mtp-3":   # spec.engine.speculative: the plan's draft tokens as MTP layers
+        assert args.speculative_config.decoding_type == "MTP"
+        assert args.speculative_config.num_nextn_predict_layers == 3
+    else:
+        assert args.speculative_config is None
 
 
 # ---- the stand-in can fail ----------------------------------------------------------------------
@@ -246,6 +253,10 @@ def test_the_standin_refuses_what_trtllm_serve_refuses():
         TorchLlmArgsSubset.model_validate({"kv_cache_config": {"block_reuse": True}})
     with pytest.raises(ValidationError):
         TorchLlmArgsSubset.model_validate({"moe_config": {"load_balancer": {"num_slots": "many"}}})
+    with pytest.raises(ValidationError):   # MTPDecodingConfig: PositiveInt, and the discriminator
+        TorchLlmArgsSubset.model_validate({"speculative_config": {"decoding_type": "MTP", "num_nextn_predict_layers": 0}})
+    with pytest.raises(ValidationError):
+        TorchLlmArgsSubset.model_validate({"speculative_config": {"num_nextn_predict_layers": 2}})
     args = TorchLlmArgsSubset.model_validate({"moe_expert_parallel_size": 16, "moe_tensor_parallel_size": 1,
                                               "enable_attention_dp": True,
                                               "moe_config": {"load_balancer": {"num_slots": 260}}})

@@ -162,6 +162,21 @@ CASES: list[tuple[str, dict, str]] = [
     # EP with TP inside the DP ranks (TP2 x DP4), EPLB auto
     ("tp2-ep4-node", _base("deepseek-r1", parallelism={"tensor": 2, "expert": 4, "pipeline": 1},
                            gpus={"maxGpus": 8, "products": ["NVIDIA-H200"]}), "mixed"),
+    # MTP speculative decoding (spec.engine.speculative), DeepSeek-R1's one MTP module reused for 2 draft tokens,
+    # and the MTP example
+    ("deepseek-r1-mtp2-tp8", _base("deepseek-r1", parallelism={"tensor": 8, "pipeline": 1},
+                                   gpus={"maxGpus": 8, "products": ["NVIDIA-H200"]},
+                                   **_engine(speculative={"method": "mtp", "tokens": 2})), "mixed"),
+    ("example-deepseek-r1-mtp-h200", _example("deepseek-r1-mtp-h200"), "mixed"),
+    # MTP with pipeline stages across two H200 nodes (vLLM keeps PP with MTP; SGLang refuses it) and with expert
+    # parallelism and attention DP
+    ("deepseek-r1-mtp-pp2", _base("deepseek-r1", parallelism={"tensor": 8, "pipeline": 2},
+                                  gpus={"maxGpus": 16, "products": ["NVIDIA-H200"]},
+                                  **_engine(speculative={"method": "mtp", "tokens": 1})), "hgx-h200-ib"),
+    ("deepseek-r1-mtp-ep8", _base("deepseek-r1", parallelism={"tensor": 1, "expert": 8, "pipeline": 1},
+                                  gpus={"maxGpus": 8, "products": ["NVIDIA-H200"]},
+                                  **_engine(speculative={"method": "mtp", "tokens": 3, "acceptanceRate": 0.7})),
+     "mixed"),
 ] + [
     # wide EP over RDMA (issue 18): DeepSeek-R1 DP16+EP (2 x 8 H200) and DP32+EP (4 x 8 H200) on the
     # hgx-h200-ib fleet, DeepEP normal and low-latency pinned, dual-batch overlap on; and both left to the
@@ -350,6 +365,19 @@ def test_the_config_vllm_builds_is_the_plan(conformance):
                 placed = cfg["experts"]
                 assert placed["physical_experts"] == placed["logical_experts"] + want, (case, placed)
                 assert placed["even_over_ep"], (case, placed)     # FusedMoE's even-distribution rule
+
+
+def test_mtp_reaches_vllms_speculative_config(conformance):
+    """spec.engine.speculative renders a --speculative-config vLLM 0.32.0 resolves with DeepSeek-R1's real
+    config.json (num_nextn_predict_layers 1) to MTP with the planned draft tokens; cases without it run none."""
+    for case in ("deepseek-r1-mtp2-tp8", "example-deepseek-r1-mtp-h200", "deepseek-r1-mtp-pp2", "deepseek-r1-mtp-ep8"):
+        spec = LLMDeployment.from_manifest(next(m for c, m, _ in CASES if c == case)).spec.engine.speculative
+        for i, _ in enumerate(conformance["rendered"][case].pods):
+            cfg = conformance["results"][f"{case}/pod{i}"]["config"]
+            assert cfg["speculative_method"] == "mtp", (case, cfg)
+            assert cfg["num_speculative_tokens"] == spec.tokens, (case, cfg)
+            assert cfg["speculative_n_predict"] == 1, (case, cfg)   # the checkpoint's one MTP module
+    assert _leader(conformance, "tp8-node")["speculative_method"] is None
 
 
 def _flag(pod: dict, flag: str) -> int | None:

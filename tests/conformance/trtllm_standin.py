@@ -110,6 +110,22 @@ class CudaGraphConfig(_Strict):
     enable_padding: bool = False
 
 
+class MTPDecodingConfig(_Strict):
+    """`speculative_config` for MTP: tensorrt_llm/llmapi/llm_args.py MTPDecodingConfig (NVIDIA/TensorRT-LLM main, read
+    through the code index: `decoding_type: Literal["MTP"]`, `num_nextn_predict_layers: PositiveInt = 1`,
+    relaxed-acceptance and vanilla switches; DecodingBaseConfig's max_draft_len) and the LLM-API YAML of
+    examples/models/core/deepseek_v3/README.md "Multi-Token Prediction (MTP)" (`decoding_type: MTP`,
+    `num_nextn_predict_layers: N`). The discriminator is required here: TorchLlmArgs picks the config class by it."""
+
+    decoding_type: Literal["MTP"]
+    num_nextn_predict_layers: int = Field(default=1, gt=0)
+    use_relaxed_acceptance_for_thinking: bool = False
+    relaxed_topk: int = 1
+    relaxed_delta: float = 0.0
+    use_mtp_vanilla: bool = False
+    max_draft_len: Optional[int] = None
+
+
 class TorchLlmArgsSubset(_Strict):
     """The TorchLlmArgs fields meshplan writes to --extra_llm_api_options (others are not allowed here)."""
 
@@ -121,6 +137,7 @@ class TorchLlmArgsSubset(_Strict):
     kv_cache_config: KvCacheConfig = Field(default_factory=KvCacheConfig)
     moe_config: MoeConfig = Field(default_factory=MoeConfig)
     cuda_graph_config: Optional[CudaGraphConfig] = Field(default_factory=CudaGraphConfig)
+    speculative_config: Optional[MTPDecodingConfig] = None
 
 
 def configuration_problems(params: dict[str, Any], args: TorchLlmArgsSubset, *, world: int,

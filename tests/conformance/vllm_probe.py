@@ -192,6 +192,11 @@ def _summary(cfg) -> dict:
         "cache_dtype": cache.cache_dtype,
         "enable_prefix_caching": cache.enable_prefix_caching,
         "enforce_eager": model.enforce_eager,
+        # speculative decoding as vLLM resolved it (None when off)
+        "speculative_method": getattr(cfg.speculative_config, "method", None),
+        "num_speculative_tokens": getattr(cfg.speculative_config, "num_speculative_tokens", None),
+        "speculative_n_predict": getattr(getattr(getattr(cfg.speculative_config, "draft_model_config", None),
+                                                 "hf_config", None), "n_predict", None),
     }
 
 

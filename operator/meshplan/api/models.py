@@ -443,6 +443,11 @@ class Architecture(ApiModel):
         default=None, ge=1, le=16777216,
         description="Longest context the model supports (config.json `max_position_embeddings`).",
     )
+    mtp_layers: int | None = Field(
+        default=None, ge=0, le=16,
+        description="Multi-token-prediction modules the checkpoint ships (config.json `num_nextn_predict_layers`; "
+        "DeepSeek-V3/R1: 1): what spec.engine.speculative.method mtp drafts with. Default 0 (no MTP).",
+    )
     total_params: int | None = Field(
         default=None, ge=1, le=100_000_000_000_000,
         description="Total parameter count, all experts included. When given, the planner sizes the weights at "
@@ -897,6 +902,33 @@ def _unique_env_names(env: list["EnvVar"]) -> list["EnvVar"]:
     return env
 
 
+class SpeculativeSpec(ApiModel):
+    """Speculative decoding: the engine drafts tokens and the model verifies them in one step.
+
+    `mtp` uses the checkpoint's own multi-token-prediction modules (config.json `num_nextn_predict_layers` > 0:
+    DeepSeek-V3/R1) as the drafter: vLLM `--speculative-config {"method": "mtp", ...}`, SGLang
+    `--speculative-algorithm NEXTN`, TensorRT-LLM `speculative_config: {decoding_type: MTP}`. NIM and DeepSpeed-MII
+    cannot be told to (refused). The planner prices it (expected tokens per step (1 - a^(k+1)) / (1 - a) at
+    acceptance rate a for k draft tokens) and fits the MTP weights and KV cache in memory."""
+
+    method: Literal["off", "mtp"] = Field(
+        default="off",
+        description="off (default) or mtp (the checkpoint's multi-token-prediction modules draft the tokens; the model "
+        "must ship them: config.json num_nextn_predict_layers > 0).",
+    )
+    tokens: int = Field(
+        default=1, ge=1, le=7,
+        description="Draft tokens per step, k (vLLM num_speculative_tokens, SGLang --speculative-num-steps, TensorRT-LLM "
+        "num_nextn_predict_layers). More than the checkpoint's MTP modules reuses them autoregressively. Default 1.",
+    )
+    acceptance_rate: float | None = Field(
+        default=None, ge=0.0, le=0.99,
+        description="Probability that a draft token is accepted, a, for pricing only (the engine measures its own). "
+        "Default for mtp: 0.85, the low end of the 85-90% the DeepSeek-V3 technical report (arXiv:2412.19437, section "
+        "5.4.3) gives for the second token. Measure it on your traffic (the engines export their acceptance) and set it.",
+    )
+
+
 def _no_plan_flags(engine: "EngineSpec") -> bool:
     return engine.allow_plan_override or not engine.plan_owned_extra_args()
 
@@ -969,6 +1001,8 @@ class EngineSpec(ApiModel):
         "Planned condition, and its predictions no longer describe what runs.",
     )
     env: list[EnvVar] = _env_list("Extra environment variables of the engine container (override the operator's).")
+    speculative: SpeculativeSpec = _section(SpeculativeSpec, "Speculative decoding (MTP) and the acceptance rate the "
+                                            "plan prices it at; off by default.")
 
     @field_validator("env")
     @classmethod
@@ -993,6 +1027,15 @@ class EngineSpec(ApiModel):
             "--served-model-name (spec.model.servedName), --api-key or --hf-token (secrets, never inline)",
             ".extraArgs",
             lambda e: not any(reserved_flag_misuse(a) for a in e.extra_args),
+            "FieldValueForbidden",
+        ),
+        Rule(
+            "!has(self.kind) || (self.kind != 'nim' && self.kind != 'deepspeed') || !has(self.speculative) || "
+            "!has(self.speculative.method) || self.speculative.method == 'off'",
+            "spec.engine.speculative.method: NIM and DeepSpeed-MII cannot be told to run speculative decoding (NIM's "
+            "profile decides; DeepSpeed-MII 0.3.3 has none): set it to off, or use engine vllm, sglang or trtllm",
+            ".speculative.method",
+            lambda e: e.kind not in ("nim", "deepspeed") or e.speculative.method == "off",
             "FieldValueForbidden",
         ),
         Rule(

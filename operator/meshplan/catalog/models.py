@@ -91,6 +91,11 @@ class ModelArch:
     linear_value_head_dim: int = 0
     linear_conv_kernel: int = 0
     declared_total_params: float = 0.0   # architecture.totalParams, 0 = not declared
+    # multi-token-prediction (MTP) modules the checkpoint ships (config.json `num_nextn_predict_layers`;
+    # DeepSeek-V3/R1: 1, the DeepSeek-V3 technical report arXiv:2412.19437 section 2.2 "MTP module"): each
+    # is one more transformer block (attention + MoE) plus a 2h x h projection, sharing the embedding and
+    # output head. 0: the model cannot run MTP speculative decoding.
+    mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         if self.total_params <= 0 or self.active_params <= 0:
@@ -261,12 +266,12 @@ _CATALOG: tuple[ModelArch, ...] = (
        head_dim=128, intermediate_size=18432, vocab_size=129280, num_experts=256, experts_per_token=8,
        num_shared_experts=1, moe_intermediate_size=2048, first_k_dense_layers=3, kv_lora_rank=512,
        q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, native_dtype="fp8",
-       source=_hf("deepseek-ai/DeepSeek-V3")),
+       mtp_layers=1, source=_hf("deepseek-ai/DeepSeek-V3")),
     _m(name="deepseek-r1", num_layers=61, hidden_size=7168, num_attention_heads=128, num_kv_heads=128,
        head_dim=128, intermediate_size=18432, vocab_size=129280, num_experts=256, experts_per_token=8,
        num_shared_experts=1, moe_intermediate_size=2048, first_k_dense_layers=3, kv_lora_rank=512,
        q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, native_dtype="fp8",
-       source=_hf("deepseek-ai/DeepSeek-R1")),
+       mtp_layers=1, source=_hf("deepseek-ai/DeepSeek-R1")),
     _m(name="gpt-oss-120b", num_layers=36, hidden_size=2880, num_attention_heads=64, num_kv_heads=8,
        head_dim=64, intermediate_size=2880, vocab_size=201088, num_experts=128, experts_per_token=4,
        moe_intermediate_size=2880, sliding_window=128, sliding_window_layers=18, native_dtype="fp4",
@@ -453,6 +458,7 @@ def from_hf_config(cfg: dict, name: str, source: str = "", hf_quant: dict | None
         linear_key_head_dim=int(cfg.get("linear_key_head_dim") or 0) if lin_layers else 0,
         linear_value_head_dim=int(cfg.get("linear_value_head_dim") or 0) if lin_layers else 0,
         linear_conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 0) if lin_layers else 0,
+        mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
     )
 
 
@@ -503,6 +509,8 @@ def architecture_manifest(m: ModelArch) -> dict:
                    linearValueHeadDim=m.linear_value_head_dim)
         if m.linear_conv_kernel:
             out["linearConvKernel"] = m.linear_conv_kernel
+    if m.mtp_layers:
+        out["mtpLayers"] = m.mtp_layers
     out["weightDtype"] = m.native_dtype
     for key, comp, present in (("attentionDtype", "attention", True),
                                ("denseDtype", "dense", m.dense_layers > 0),

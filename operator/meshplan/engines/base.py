@@ -138,6 +138,7 @@ class ServingOptions:
     port: int = HTTP_PORT
     num_experts: int = 0                    # routed experts of the model (0: dense or unknown); TRT-LLM EPLB slots
     model_name: str = ""                    # the planner's model (catalogue / architecture name): the EPLB rule's family
+    speculative: Any = None                 # planner.types.Speculative (spec.engine.speculative), None: off
 
 
 @dataclass(frozen=True)
@@ -305,6 +306,18 @@ def family_of(model: Any) -> str:
     """A model's lower-case name without its organisation (`openai/gpt-oss-120b` -> `gpt-oss-120b`)."""
     name = model if isinstance(model, str) else getattr(model, "name", "") or ""
     return name.lower().rsplit("/", 1)[-1]
+
+
+def mtp_refusal(title: str, model: Any, speculative: Any) -> str | None:
+    """The rule every engine that runs MTP shares: the checkpoint must ship MTP modules (config.json
+    `num_nextn_predict_layers` > 0, `catalog.models.ModelArch.mtp_layers`); None when it does."""
+    if getattr(speculative, "method", "off") != "mtp":
+        return None
+    if not (getattr(model, "mtp_layers", 0) or 0):
+        return (f"spec.engine.speculative.method mtp: {getattr(model, 'name', 'the model')} has no multi-token-prediction "
+                f"modules (config.json num_nextn_predict_layers is absent or 0), so {title} has no MTP drafter to run; "
+                "set spec.engine.speculative.method off, or serve a checkpoint that ships MTP layers (DeepSeek-V3/R1)")
+    return None
 
 
 class EngineModule(Protocol):

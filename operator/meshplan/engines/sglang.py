@@ -41,6 +41,7 @@ from meshplan.engines.base import (
     flag_items,
     flatten,
     merge_extra,
+    mtp_refusal,
     RenderError,
 )
 from meshplan.planner.types import Candidate, Layout, MemoryFit
@@ -210,6 +211,39 @@ def eplb_supported(model: Any) -> bool:
     return not any(name.startswith(f) for f in EPLB_UNSUPPORTED_FAMILIES)
 
 
+def check_speculative(model: Any, speculative: Any) -> str | None:
+    """SGLang 0.5.23 runs DeepSeek-V3/R1 MTP as `--speculative-algorithm NEXTN` (an alias of EAGLE whose draft is the
+    checkpoint's own NextN module: sglang/srt/arg_groups/speculative_hook.py v0.5.23, "NEXTN aliases EAGLE")."""
+    return mtp_refusal(TITLE, model, speculative)
+
+
+def check_speculative_layout(layout: Layout, speculative: Any) -> str | None:
+    """SGLang 0.5.23 refuses pipeline stages with speculative decoding outside a PD prefill worker:
+    "PP + speculative decoding (MTP) is only supported on prefill nodes (disaggregation-mode=prefill)"
+    (sglang/srt/arg_groups/validation_hook.py v0.5.23; only the experimental SGLANG_ENABLE_PP_SPEC lifts it)."""
+    if getattr(speculative, "method", "off") != "off" and layout.pp > 1:
+        return (f"SGLang 0.5.23 runs speculative decoding (MTP) without pipeline stages only (PP{layout.pp} asked): "
+                "'PP + speculative decoding (MTP) is only supported on prefill nodes' (sglang/srt/arg_groups/"
+                "validation_hook.py); pin spec.parallelism.pipeline 1 or set spec.engine.speculative.method off")
+    return None
+
+
+def speculative_flags(speculative: Any, explain: list[Explanation]) -> dict[str, Any]:
+    """SGLang's flags for spec.engine.speculative: a chain of k drafts (top-k 1) verified as k + 1 tokens, the
+    settings of SGLang's DeepSeek MTP docs (docs.sglang.io basic_usage/deepseek "Multi-token Prediction":
+    `--speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 2` for k = 1)."""
+    if speculative is None or speculative.method == "off":
+        return {}
+    k = int(speculative.tokens)
+    explain.append(Explanation("--speculative-algorithm", "NEXTN", f"spec.engine.speculative: MTP, {k} draft token(s) "
+                               f"per step (chain: --speculative-eagle-topk 1, --speculative-num-draft-tokens {k + 1}); "
+                               f"planned at acceptance rate {speculative.acceptance_rate:.2f} = "
+                               f"{speculative.expected_tokens:.2f} tokens per step",
+                               "sglang/srt/arg_groups/speculative_hook.py v0.5.23"))
+    return {"--speculative-algorithm": "NEXTN", "--speculative-num-steps": k, "--speculative-eagle-topk": 1,
+            "--speculative-num-draft-tokens": k + 1}
+
+
 def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: EngineLayout,
             explain: list[Explanation]) -> EngineCommand:
     layout_ = candidate.layout
@@ -272,6 +306,10 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
         # 0.5.23 deprecates --disable-cuda-graph for --cuda-graph-backend-{decode,prefill}=disabled
         flags["--cuda-graph-backend-decode"] = "disabled"
         flags["--cuda-graph-backend-prefill"] = "disabled"
+    refused = check_speculative_layout(layout_, serving.speculative)
+    if refused:
+        raise RenderError(refused)
+    flags.update(speculative_flags(serving.speculative, explain))
     if layout_.ep > 1 and serving.expert_load_balancing != "disabled":
         family = serving.model_name or serving.model
         if not (eplb_supported(serving.model) and eplb_supported(family)):

@@ -39,6 +39,7 @@ from meshplan.engines.base import (
     flag_items,
     flatten,
     merge_extra,
+    mtp_refusal,
     RenderError,
 )
 from meshplan.planner.types import Candidate, Layout
@@ -283,6 +284,26 @@ def layout(layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int |
     return EngineLayout(engine=NAME, flags=flags, config=config, pp=pp, exact=exact, notes=tuple(notes), **eff)
 
 
+def check_speculative(model: Any, speculative: Any) -> str | None:
+    """TensorRT-LLM 1.2 runs DeepSeek-V3/R1 MTP (`speculative_config: {decoding_type: MTP, num_nextn_predict_layers:
+    N}`, examples/models/core/deepseek_v3/README.md "Multi-Token Prediction (MTP)"; more layers than the checkpoint
+    ships run its one MTP module autoregressively, tech blog 1 "Autoregressive MTP Layers")."""
+    return mtp_refusal(TITLE, model, speculative)
+
+
+def speculative_config(speculative: Any, explain: list[Explanation]) -> dict[str, Any] | None:
+    """The LLM-API `speculative_config` for spec.engine.speculative (None when off)."""
+    if speculative is None or speculative.method == "off":
+        return None
+    explain.append(Explanation("speculative_config", f"MTP, num_nextn_predict_layers {speculative.tokens}",
+                               f"spec.engine.speculative: {speculative.tokens} draft token(s) per step from the "
+                               f"checkpoint's MTP module; planned at acceptance rate {speculative.acceptance_rate:.2f} = "
+                               f"{speculative.expected_tokens:.2f} tokens per step",
+                               f"TensorRT-LLM {VERSION} examples/models/core/deepseek_v3/README.md (MTP); "
+                               "tensorrt_llm/llmapi/llm_args.py MTPDecodingConfig"))
+    return {"decoding_type": "MTP", "num_nextn_predict_layers": int(speculative.tokens)}
+
+
 def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: EngineLayout,
             explain: list[Explanation]) -> EngineCommand:
     # The KV dtype is refused here too; the weights' rule needs to know whether the checkpoint's dtype is
@@ -339,6 +360,9 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
                                    "TensorRT-LLM fused_moe_wide_ep.py select_alltoall_method_type"))
     if serving.cuda_graphs == "disabled":
         options["cuda_graph_config"] = None
+    spec_cfg = speculative_config(serving.speculative, explain)
+    if spec_cfg:
+        options["speculative_config"] = spec_cfg
     if serving.scheduling_policy == "priority":
         explain.append(Explanation("schedulingPolicy", "priority", "trtllm-serve has no request-priority "
                                    "scheduling; requests are served first come, first served",

@@ -36,6 +36,7 @@ from meshplan.engines.base import (
     flag_items,
     flatten,
     merge_extra,
+    mtp_refusal,
 )
 from meshplan.planner.types import Candidate, Layout
 
@@ -234,6 +235,33 @@ def check_precision(model: Any, gpu: Any, weight_dtype: str, kv_dtype: str) -> s
     return None
 
 
+def check_speculative(model: Any, speculative: Any) -> str | None:
+    """vLLM 0.32.0 runs MTP from the checkpoint's own MTP modules (`SpeculativeConfig` method "mtp", which the
+    model-specific names such as "deepseek_mtp" are deprecated into: vllm/config/speculative.py v0.32.0, MTPModelTypes);
+    any number of draft tokens reuses the modules when num_nextn_predict_layers divides it (1 for DeepSeek-V3/R1)."""
+    refused = mtp_refusal(TITLE, model, speculative)
+    if refused:
+        return refused
+    n = int(getattr(model, "mtp_layers", 0) or 0)
+    if speculative.tokens > n and speculative.tokens % n:
+        return (f"spec.engine.speculative.tokens {speculative.tokens}: vLLM {VERSION} reuses the {n} MTP modules of "
+                f"{getattr(model, 'name', 'the model')} only for a multiple of {n} draft tokens "
+                "(vllm/config/speculative.py: num_speculative_tokens must be divisible by n_predict)")
+    return None
+
+
+def speculative_flags(speculative: Any, explain: list[Explanation]) -> dict[str, Any]:
+    """`--speculative-config` (a JSON object, vllm/engine/arg_utils.py v0.32.0) for spec.engine.speculative."""
+    if speculative is None or speculative.method == "off":
+        return {}
+    value = json.dumps({"method": "mtp", "num_speculative_tokens": int(speculative.tokens)}, separators=(",", ":"))
+    explain.append(Explanation("--speculative-config", value, f"spec.engine.speculative: MTP, {speculative.tokens} draft "
+                               f"token(s) per step from the checkpoint's MTP modules; planned at acceptance rate "
+                               f"{speculative.acceptance_rate:.2f} = {speculative.expected_tokens:.2f} tokens per step",
+                               f"vllm/config/speculative.py SpeculativeConfig v{VERSION}"))
+    return {"--speculative-config": value}
+
+
 def layout(layout: Layout, *, chunk_size: int | None = None, max_num_seqs: int | None = None,
            memory_fraction: float | None = None, kv_dtype: str | None = None,
            a2a_backend: str | None = None) -> EngineLayout:
@@ -326,6 +354,7 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
                                    "docs.vllm.ai models/extensions/runai_model_streamer"))
     flags.update(el.flags)
     flags.update(weight_flags(candidate.weight_dtype, serving.checkpoint_dtype, explain))
+    flags.update(speculative_flags(serving.speculative, explain))
     if serving.max_model_len:
         flags["--max-model-len"] = serving.max_model_len
     flags["--enable-prefix-caching" if serving.prefix_caching else "--no-enable-prefix-caching"] = True

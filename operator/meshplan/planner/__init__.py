@@ -180,6 +180,9 @@ def plan(
     if a2a_line:
         reason = f"{reason}; {a2a_line}"
         extra["all_to_all"] = a2a_line
+    spec_note = next((n for n in (c.prediction.notes if c is not None else ()) if n.startswith("speculative ")), "")
+    if spec_note:   # expected tokens per step and the TPOT gain (perf.predict), in status.plan.reason
+        reason = f"{reason}; {spec_note}"
     if params_warning:  # also in the reason, which the operator writes to status.plan.reason
         reason = f"{reason}; warning: {params_warning}"
     if chosen.choice is not None:
@@ -428,9 +431,29 @@ def model_from_spec(model_spec: Any) -> Any:
         dense_dtype=arch.dense_dtype or "",
         shared_expert_dtype=arch.shared_expert_dtype or "",
         checkpoint_fixed=wd is not None,
+        mtp_layers=int(arch.mtp_layers or 0),
         declared_total_params=float(arch.total_params or 0),
         total_params=0.0, active_params=0.0,  # recomputed with the linear-attention layers
     )
+
+
+# Default MTP acceptance rate when spec.engine.speculative.acceptanceRate is unset: DeepSeek-V3 technical report
+# (arXiv:2412.19437, section 5.4.3 "Multi-Token Prediction Evaluation"): "the acceptance rate of the second token
+# prediction ranges between 85% and 90%"; the low end.
+MTP_DEFAULT_ACCEPTANCE = 0.85
+MTP_DEFAULT_SOURCE = "default: DeepSeek-V3 technical report arXiv:2412.19437 section 5.4.3, 85-90% for the second token"
+
+
+def speculative_from_spec(engine_spec: Any) -> Any:
+    """`spec.engine.speculative` -> `types.Speculative` (None when off), with the acceptance rate's source."""
+    from meshplan.planner.types import Speculative
+
+    s = getattr(engine_spec, "speculative", None)
+    if s is None or s.method == "off":
+        return None
+    if s.acceptance_rate is not None:
+        return Speculative(s.method, s.tokens, float(s.acceptance_rate), "spec.engine.speculative.acceptanceRate")
+    return Speculative(s.method, s.tokens, MTP_DEFAULT_ACCEPTANCE, MTP_DEFAULT_SOURCE)
 
 
 def plan_inputs_from_spec(spec: Any) -> dict[str, Any]:
@@ -455,6 +478,7 @@ def plan_inputs_from_spec(spec: Any) -> dict[str, Any]:
         weight_dtype=pr.weights, kv_dtype=pr.kv_cache, accuracy_floor=pr.accuracy_floor,
         expert_load_balancing=spec.engine.expert_load_balancing,
         all_to_all=getattr(spec.engine, "all_to_all", "auto"), batch_overlap=getattr(spec.engine, "batch_overlap", "auto"),
+        speculative=speculative_from_spec(spec.engine),
     )
     replicas = None
     if "replicas" in spec.model_fields_set and not spec.autoscaling.enabled and spec.replicas > 0:

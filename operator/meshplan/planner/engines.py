@@ -94,6 +94,28 @@ def check_precision(engine: Engine, model: Any, gpu: Any, weight_dtype: str, kv_
     return rule(model, gpu, weight_dtype, kv_dtype) if rule is not None else None
 
 
+def check_speculative(engine: Engine, model: Any, speculative: Any) -> str | None:
+    """Why `engine` cannot run `speculative` (a `types.Speculative`; None or method off: nothing to check) for
+    `model`: the engine module's `check_speculative`; an engine without one cannot be told to (NIM, MII)."""
+    if speculative is None or getattr(speculative, "method", "off") == "off":
+        return None
+    rule = getattr(_engines.get(engine), "check_speculative", None)
+    if rule is None:
+        return (f"spec.engine.speculative.method {speculative.method}: {_engines.title(engine)} cannot be told to run "
+                "speculative decoding; set it to off, or use engine vllm, sglang or trtllm")
+    return rule(model, speculative)
+
+
+def check_speculative_layout(layout: Layout, engine: Engine, speculative: Any) -> str | None:
+    """Why `engine` cannot run `layout` WITH speculative decoding (None when it can, or when it is off): the engine
+    module's `check_speculative_layout` where it has one (SGLang: no pipeline stages); the search and the renderer
+    both ask it."""
+    if speculative is None or getattr(speculative, "method", "off") == "off":
+        return None
+    rule = getattr(_engines.get(engine), "check_speculative_layout", None)
+    return rule(layout, speculative) if rule is not None else None
+
+
 def check_layout(layout: Layout, engine: Engine, model: Any = None, *, a2a_backend: str | None = None,
                  gpus_per_node: int | None = None) -> str | None:
     """Why `engine` cannot run `layout` (None when it can).

@@ -236,19 +236,44 @@ def memory_fit(
     engine: str = "vllm",
     memory_fraction: float = 0.9,
     headroom: float = 0.0,
+    mtp_layers: int = 0,
 ) -> MemoryFit:
     """Whether `layout` fits on `gpu`, and how many tokens / sequences of KV cache it holds.
 
     `context_tokens` is the context one sequence must be able to reach (isl + osl);
     `max_num_seqs` is reported against but does not change the KV arithmetic.
+    `mtp_layers`: multi-token-prediction modules loaded for speculative decoding (`mtp_bytes_per_gpu`).
     """
     return _memory_fit(model, gpu, as_mapping(layout), weight_dtype, kv_dtype, int(context_tokens),
-                       int(chunk_size), int(max_num_seqs), engine, float(memory_fraction), float(headroom))
+                       int(chunk_size), int(max_num_seqs), engine, float(memory_fraction), float(headroom),
+                       int(mtp_layers))
+
+
+def mtp_bytes_per_gpu(model: ModelArch, layout, weight_dtype: str, kv_dtype: str, mtp_layers: int) -> tuple[float, float]:
+    """(weight bytes, KV bytes per context token) that `mtp_layers` MTP modules add to the fullest GPU.
+
+    One MTP module (DeepSeek-V3 technical report, arXiv:2412.19437 section 2.2) is one transformer block of
+    the main model's shape (for DeepSeek-V3 an MLA + MoE layer) plus a 2h x h projection, sharing the
+    embedding and output head; deepseek-ai/DeepSeek-V3 README_WEIGHTS.md counts 11.5B unique MTP parameters
+    (of 685B). The engines shard it like a main layer and place it with the last pipeline stage, which
+    also keeps its KV cache (one more layer's KV per token)."""
+    if mtp_layers <= 0:
+        return 0.0, 0.0
+    from dataclasses import replace
+
+    m1 = replace(as_mapping(layout), pp=1)
+    more = replace(model, num_layers=model.num_layers + mtp_layers)
+    cd = component_dtypes(model, weight_dtype)
+    proj = mtp_layers * 2.0 * model.hidden_size * model.hidden_size * WEIGHT_BYTES[cd["embed"]] / m1.attn_tp
+    weights = weight_bytes_per_gpu(more, m1, weight_dtype) - weight_bytes_per_gpu(model, m1, weight_dtype) + proj
+    layers = model.full_attention_layers
+    kv = kv_bytes_per_token(model, m1, kv_dtype) / layers * mtp_layers if layers else 0.0
+    return weights, kv
 
 
 @lru_cache(maxsize=65536)
 def _memory_fit(model, gpu, m: ReplicaMapping, weight_dtype, kv_dtype, context_tokens, chunk_size,
-                max_num_seqs, engine, memory_fraction, headroom) -> MemoryFit:
+                max_num_seqs, engine, memory_fraction, headroom, mtp_layers=0) -> MemoryFit:
     if weight_dtype not in WEIGHT_BYTES:
         raise ValueError(f"weight_dtype must be one of {sorted(WEIGHT_BYTES)}, got {weight_dtype!r}")
     if kv_dtype not in KV_BYTES:
@@ -258,6 +283,9 @@ def _memory_fit(model, gpu, m: ReplicaMapping, weight_dtype, kv_dtype, context_t
     act = activation_bytes(model, m, chunk_size)
     runtime = runtime_bytes(m)
     kv_tok = kv_bytes_per_token(model, m, kv_dtype)
+    if mtp_layers:
+        mtp_w, mtp_kv = mtp_bytes_per_gpu(model, m, weight_dtype, kv_dtype, mtp_layers)
+        weights, kv_tok = weights + mtp_w, kv_tok + mtp_kv
     sw_seq = sliding_bytes_per_seq(model, m, kv_dtype) + linear_state_bytes_per_seq(model, m)
     fixed = weights + act + runtime
     if engine == "trtllm":

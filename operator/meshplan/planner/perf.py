@@ -66,14 +66,14 @@ handful of iteration evaluations of ~20 arithmetic terms each.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from meshplan.catalog.gpus import GpuSpec
 from meshplan.catalog.models import ModelArch
 from meshplan.planner import memory as mem
 from meshplan.planner.memory import ReplicaMapping, as_mapping
-from meshplan.planner.types import Layout, MemoryFit, Prediction, Workload
+from meshplan.planner.types import Layout, MemoryFit, Prediction, Speculative, Workload
 
 
 @dataclass(frozen=True)
@@ -395,7 +395,7 @@ def overlap_splits(d: float, p: float) -> bool:
 
 
 def iteration_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams,
-                 d: float, ctx: float, p: float, pctx: float) -> float:
+                 d: float, ctx: float, p: float, pctx: float, verify: int = 1) -> float:
     """Time (ms) of one iteration of ONE pipeline stage.
 
     d: decode tokens per attention rank, ctx: their mean context; p: prefill
@@ -409,6 +409,9 @@ def iteration_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams,
     its all-to-all a at half the tokens; the step costs 2 x max(c, a): the hidden part is min(c, a) per
     micro-batch. The split's price is in c: every micro-batch reads the weights again and pays the
     per-layer fixed cost again, so a memory-bound decode step with a small all-to-all gets slower.
+
+    verify: decode tokens per sequence (speculative decoding verifies k + 1 per step): the attention
+    core computes over all d tokens but reads each sequence's KV cache once (d / verify sequences).
     """
     T = d + p
     if T <= 0:
@@ -432,9 +435,10 @@ def iteration_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams,
     if d > 0:
         full = d * ctx
         sw = d * min(ctx, st.window) if st.n_sw_attn else 0.0
-        t += st.n_full_attn * max(full * st.kv_bytes_tok_layer / kv_bw, full * st.attn_core_flops_ctx / fa)
+        kv_full, kv_sw = (full, sw) if verify == 1 else (full / verify, sw / verify)
+        t += st.n_full_attn * max(kv_full * st.kv_bytes_tok_layer / kv_bw, full * st.attn_core_flops_ctx / fa)
         if sw:
-            t += st.n_sw_attn * max(sw * st.kv_bytes_tok_layer / kv_bw, sw * st.attn_core_flops_ctx / fa)
+            t += st.n_sw_attn * max(kv_sw * st.kv_bytes_tok_layer / kv_bw, sw * st.attn_core_flops_ctx / fa)
     if p > 0:
         t += st.n_full_attn * p * pctx * st.prefill_attn_flops / fa
         if st.n_sw_attn:
@@ -542,6 +546,7 @@ def predict(
     memory_fraction: float = 0.9,
     a2a_backend: str | None = None,
     batch_overlap: bool = False,
+    speculative: Speculative | None = None,
 ) -> Prediction:
     """Per-replica TTFT, TPOT and throughput of `layout` serving `workload`.
 
@@ -553,6 +558,8 @@ def predict(
     workload's concurrency divided over the layout's DP replicas; with only a
     request rate, Little's law sets it from a first TPOT estimate. `memory`
     (a `MemoryFit`) supplies the KV capacity; it is computed when not given.
+    `speculative` (a `types.Speculative`, MTP) prices speculative decoding (`_core`, "speculative") and
+    the MTP modules' weights and KV cache in the memory fit.
     """
     q = _params(params)
     m = as_mapping(layout)
@@ -561,10 +568,12 @@ def predict(
     seqs_cap = int(max_num_seqs or dseqs)
     isl = max(1, int(workload.isl))
     osl = max(1, int(workload.osl))
+    spec = speculative if speculative is not None and speculative.method != "off" else None
     if memory is None:
+        mtp_kw = {"mtp_layers": speculative_layers(model, spec)} if spec is not None else {}
         memory = mem.memory_fit(model, gpu, m, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                 context_tokens=workload.context, chunk_size=chunk,
-                                max_num_seqs=seqs_cap, engine=engine, memory_fraction=memory_fraction)
+                                max_num_seqs=seqs_cap, engine=engine, memory_fraction=memory_fraction, **mtp_kw)
     st = _stage(model, gpu, m, weight_dtype, kv_dtype, a2a_backend, bool(batch_overlap))
     dp = layout.dp if isinstance(layout, Layout) else 1
     notes: list[str] = []
@@ -574,16 +583,24 @@ def predict(
             concurrency = max(1, math.ceil(workload.concurrency / dp))
         elif workload.request_rate is not None:
             # Little's law with a first guess of the request time at low load
-            base = _core(model, st, m, q, isl, osl, 1, chunk, seqs_cap, memory, engine)
+            base = _core(model, st, m, q, isl, osl, 1, chunk, seqs_cap, memory, engine, spec)
             r_time_s = (base[0] + osl * base[1]) / 1e3
             concurrency = max(1, math.ceil(workload.request_rate / dp * r_time_s))
             notes.append(f"concurrency {concurrency} from request rate via Little's law")
         else:
             concurrency = max(1, min(seqs_cap, memory.max_concurrency or 1))
     B = max(1, int(concurrency))
-    ttft, tpot, b_run, prefill_ms = _core(model, st, m, q, isl, osl, B, chunk, seqs_cap, memory, engine)
+    ttft, tpot, b_run, prefill_ms = _core(model, st, m, q, isl, osl, B, chunk, seqs_cap, memory, engine, spec)
     if b_run < B:
         notes.append(f"only {b_run} of {B} requests run at once (batch slots / KV cache); the rest queue")
+    plain = _core(model, st, m, q, isl, osl, B, chunk, seqs_cap, memory, engine)[1] if spec is not None else 0.0
+    if plain > 0:
+        e = spec.expected_tokens
+        notes.append(f"speculative {spec.method}: {spec.tokens} draft token(s) per step at acceptance rate "
+                     f"{spec.acceptance_rate:.2f} ({spec.source or 'spec.engine.speculative'}) = {e:.2f} tokens per "
+                     f"step (Leviathan et al. 2023); a step of {tpot * e:.2f} ms verifies {spec.tokens + 1} tokens per "
+                     f"sequence and runs the draft: TPOT {tpot:.2f} ms against {plain:.2f} ms without "
+                     f"({100 * (tpot / plain - 1):+.0f}% ITL)")
     tps_user = 1000.0 / tpot
     tps_gpu = b_run * tps_user / m.gpus
     return Prediction(ttft_ms=ttft, tpot_ms=tpot, tokens_per_s_per_gpu=tps_gpu,
@@ -591,9 +608,45 @@ def predict(
                       notes=tuple(notes))
 
 
+def speculative_layers(model: ModelArch, spec: Speculative | None) -> int:
+    """MTP modules the engine loads for `spec` (their weights and KV cache are in the memory fit): the
+    checkpoint's (`ModelArch.mtp_layers`); vLLM, SGLang and TensorRT-LLM reuse them for more draft tokens."""
+    if spec is None or spec.method != "mtp":
+        return 0
+    return max(1, int(getattr(model, "mtp_layers", 0) or 0))
+
+
+def _draft_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams, d: float, ctx: float,
+              spec: Speculative) -> float:
+    """Time (ms) the MTP drafts add to one step, on the last pipeline stage: per draft token one pass of an
+    MTP module over the stage's `d` sequences per rank: one transformer block (attention + MoE or dense FFN,
+    the same shape as a main-model layer: DeepSeek-V3 technical report arXiv:2412.19437 section 2.2), its
+    2h x h projection of [hidden; embedding] (bf16, split over attention TP) and the shared output head
+    (the full LM head, charged as in `iteration_ms`), without the per-iteration scheduler cost."""
+    one = replace(st, n_layers=1.0, n_moe=1.0 if model.is_moe else 0.0, n_dense_ffn=0.0 if model.is_moe else 1.0,
+                  n_full_attn=1.0, n_sw_attn=0.0)
+    m1 = replace(m, pp=1)
+    layer = iteration_ms(model, one, m1, q, d, ctx, 0.0, 0.0) - q.iter_ms
+    h = model.hidden_size
+    proj_s = max(d * 2.0 * 2 * h * h / m.attn_tp / (st.peak_gemm * q.gemm_eff),
+                 2 * h * h * 2.0 / m.attn_tp / (st.hbm * q.mem_eff))
+    return spec.tokens * (layer + proj_s * 1e3)
+
+
 def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: int, B: int,
-          chunk: int, seqs_cap: int, memory: MemoryFit, engine: str = "vllm") -> tuple[float, float, int, float]:
-    """(ttft_ms, tpot_ms, running sequences, no-queue prefill_ms) at concurrency B."""
+          chunk: int, seqs_cap: int, memory: MemoryFit, engine: str = "vllm",
+          spec: Speculative | None = None) -> tuple[float, float, int, float]:
+    """(ttft_ms, tpot_ms, running sequences, no-queue prefill_ms) at concurrency B.
+
+    Speculative decoding (`spec`, k draft tokens at acceptance rate a): every step a running sequence feeds
+    k + 1 tokens to the target model (its last token and the k drafts to verify), so a decode step carries
+    d * (k + 1) tokens per rank: the GEMMs compute k + 1 times the tokens over the same weight reads, the
+    attention core reads each sequence's KV once (`iteration_ms` verify), and more tokens touch more experts;
+    the MTP drafts add `_draft_ms`. A step yields E = (1 - a^(k+1)) / (1 - a) tokens per sequence
+    (`types.expected_tokens_per_step`), so TPOT = step time / E, requests finish E times faster (their
+    successors' prefill lands E times as often) and each running sequence takes k + 1 tokens of the step's
+    token budget (vLLM counts the draft tokens in max_num_batched_tokens). With `spec` None every term
+    reduces to the plain decode step."""
     # admission: batch slots and KV capacity. Engines admit a request only when its
     # whole context (isl + osl) is guaranteed (TensorRT-LLM GUARANTEED_NO_EVICT) or
     # preempt and recompute when it is not (vLLM, SGLang): either way a replica
@@ -608,7 +661,12 @@ def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: in
     # requests that replace finished ones, d * ISL / OSL tokens per rank, so a chunk
     # budget sustains at most d = chunk * OSL / (ISL + OSL) decoding sequences per rank
     # and microbatch; the rest wait for admission like any other excess.
-    budget_seqs = max(1, int(chunk * osl / (isl + osl))) * ranks * max(1, m.pp)
+    verify = 1 + (spec.tokens if spec is not None else 0)
+    e_tok = spec.expected_tokens if spec is not None else 1.0
+    if spec is None:
+        budget_seqs = max(1, int(chunk * osl / (isl + osl))) * ranks * max(1, m.pp)
+    else:
+        budget_seqs = max(1, int(chunk / (verify + e_tok * isl / osl))) * ranks * max(1, m.pp)
     b_run = max(1, min(B, seqs_cap, kv_seqs, budget_seqs))
     micro = min(m.pp, b_run)                        # pipeline microbatches in flight
     d = b_run / ranks / micro                       # decode tokens per rank per stage step
@@ -625,34 +683,38 @@ def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: in
     # request was predicted at about twice its measured TPOT). With others running the
     # fitted steady-state rate d * ISL / OSL stands: scaling it by (b_run - 1) / b_run was
     # tried and dropped (leave-one-model-out TPOT 13.7% -> 15.6%, TTFT 33.7% -> 39.5%).
-    room = max(chunk - d, 0.0)
+    dv = d * verify                                 # decode tokens per rank per step (k + 1 per sequence)
+    room = max(chunk - dv, 0.0)
     others = 0.0 if b_run <= 1 else 1.0
-    p_avg = min(room, q.interference * d * others * isl / osl)
+    p_avg = min(room, q.interference * d * others * isl / osl * e_tok)
     p_one = min(room, float(isl))
     pctx = isl / 2.0
     if p_avg <= 0.0 or p_one <= p_avg:
-        stage = iteration_ms(model, st, m, q, d, ctx, p_avg, pctx)
+        stage = iteration_ms(model, st, m, q, dv, ctx, p_avg, pctx, verify)
     else:
         f = p_avg / p_one
-        stage = ((1.0 - f) * iteration_ms(model, st, m, q, d, ctx, 0.0, pctx)
-                 + f * iteration_ms(model, st, m, q, d, ctx, p_one, pctx))
+        stage = ((1.0 - f) * iteration_ms(model, st, m, q, dv, ctx, 0.0, pctx, verify)
+                 + f * iteration_ms(model, st, m, q, dv, ctx, p_one, pctx, verify))
+    if spec is not None:
+        stage += _draft_ms(model, st, m, q, d, ctx, spec)
     hop_ms = 0.0
     if m.pp > 1:
-        hop_ms = (d * model.hidden_size * st.act_bytes / (st.pp_bw * q.comm_eff) + 10e-6) * 1e3
-    tpot = m.pp * (stage + hop_ms)
+        hop_ms = (dv * model.hidden_size * st.act_bytes / (st.pp_bw * q.comm_eff) + 10e-6) * 1e3
+    step = m.pp * (stage + hop_ms)
+    tpot = step / e_tok
     # prefill of one request: own chunks plus its share of the arrival wave
-    chunk_free = max(chunk - d, chunk / 4.0)
+    chunk_free = max(chunk - dv, chunk / 4.0)
     per_rank = max(1.0, b_run / ranks)
     wave = _wave(q, engine)
     tokens = isl * (1.0 + wave * (per_rank - 1.0))
     n_iter = max(1.0, tokens / chunk_free)
     p_iter = min(tokens, chunk_free)
-    pf_stage = iteration_ms(model, st, m, q, d, ctx, p_iter, pctx)
+    pf_stage = iteration_ms(model, st, m, q, dv, ctx, p_iter, pctx, verify)
     prefill = n_iter * m.pp * (pf_stage + hop_ms)
     p_own = min(isl, chunk_free)
-    own_stage = pf_stage if p_own == p_iter else iteration_ms(model, st, m, q, d, ctx, p_own, pctx)
+    own_stage = pf_stage if p_own == p_iter else iteration_ms(model, st, m, q, dv, ctx, p_own, pctx, verify)
     own = max(1.0, isl / chunk_free) * m.pp * (own_stage + hop_ms)
-    ttft = q.ttft_base_ms + q.ttft_iters * tpot + prefill
+    ttft = q.ttft_base_ms + q.ttft_iters * step + prefill
     if B > b_run:
         service = prefill + osl * tpot
         ttft += service * (B / b_run - 1.0)

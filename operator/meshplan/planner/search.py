@@ -113,6 +113,9 @@ class SearchSpace:
     # spec.engine.batchOverlap: "auto" prices dual-/two-batch overlap on and off wherever the all-to-all is
     # DeepEP (the engines run it only there), "on" asks for it there, "off" never
     batch_overlap: str = "auto"
+    # speculative decoding (`types.Speculative`, spec.engine.speculative): priced by `perf.predict` and fitted in
+    # memory (its MTP modules); None: off
+    speculative: Any = None
 
 
 @dataclass(frozen=True)
@@ -259,11 +262,13 @@ def enumerate_shapes(
                 reason = shape_rule(model, tp, ep, pp, domain=domain, cross_domain=space.cross_domain,
                                     tp_pinned=space.tensor is not None, engine=engine,
                                     a2a_backend=space.a2a_backend, gpus_per_node=per_node)
+                if reason is None and engine is not None and space.speculative is not None:
+                    reason = engines_mod.check_speculative_layout(shape, engine, space.speculative)
                 if reason is None and memory_fn is not None:
                     fit = memory_fn(model, gpu, _with_redundant(shape, engine, model, space), weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                     context_tokens=context_tokens, chunk_size=min_chunk, max_num_seqs=1,
                                     engine=engine or "vllm", memory_fraction=space.memory_fraction,
-                                    headroom=space.headroom)
+                                    headroom=space.headroom, **_mtp_kw(model, space))
                     if not fit.fits:
                         reason = f"memory: {fit.reason}"
                 max_dp = max_gpus // gpr
@@ -388,7 +393,8 @@ def search(
     # dtypes the engine cannot run for this checkpoint (the engine module's check_precision: vLLM has no online
     # int4/int8/fp4, TensorRT-LLM no online quantization, NIM/MII run 16-bit only) are never proposed: no layout
     # can run them, so the search stops with the engine's reason
-    refused = engines_mod.check_precision(engine, model, gpu, wd, kd) or _context_refusal(engine, workload.context)
+    refused = (engines_mod.check_precision(engine, model, gpu, wd, kd) or _context_refusal(engine, workload.context)
+               or engines_mod.check_speculative(engine, model, space.speculative))
     if refused:
         return SearchResult((), (Rejected(Layout(1), f"engine: {refused}"),), (), wd, kd, 0, tuple(notes))
     context = workload.context
@@ -410,6 +416,9 @@ def search(
     # keeps the engine's default all-to-all
     fabrics = {getattr(d, "fabric", "") for d in getattr(fleet, "domains", ()) or ()} - {""}
     deepep_fabric = not fabrics or bool(fabrics - {"efa"})
+    mtp_kw = _mtp_kw(model, space)
+    if mtp_kw:
+        a2a_kw["speculative"] = space.speculative
     candidates: list[Candidate] = []
     evaluated = 0
     for shape, max_dp in shapes:
@@ -428,7 +437,7 @@ def search(
         for chunk in space.chunk_sizes:
             fit = memory_fn(model, gpu, mapping, weight_dtype=wd, kv_dtype=kd, context_tokens=context,
                             chunk_size=chunk, max_num_seqs=max(space.max_num_seqs), engine=engine,
-                            memory_fraction=space.memory_fraction, headroom=space.headroom)
+                            memory_fraction=space.memory_fraction, headroom=space.headroom, **mtp_kw)
             if not fit.fits:
                 continue
             cap = max(1, fit.max_concurrency)
@@ -471,6 +480,16 @@ def search(
             rejected.append(Rejected(shape, f"engine: {knob_refusals[0]}"))
     return SearchResult(tuple(candidates), tuple(rejected), tuple(replace(s, dp=d) for s, d in shapes), wd, kd,
                         evaluated, tuple(notes))
+
+
+def _mtp_kw(model: Any, space: SearchSpace) -> dict[str, Any]:
+    """`mtp_layers` for the memory fit when speculative decoding is on (only then: injected fakes need not know it)."""
+    spec = space.speculative
+    if spec is None or getattr(spec, "method", "off") == "off":
+        return {}
+    from meshplan.planner.perf import speculative_layers
+
+    return {"mtp_layers": speculative_layers(model, spec)}
 
 
 def _context_refusal(engine: str, context: int) -> str:

@@ -77,6 +77,53 @@ class Workload:
         return self.max_context or (self.isl + self.osl)
 
 
+def expected_tokens_per_step(tokens: int, acceptance_rate: float) -> float:
+    """Tokens a sequence gains per target-model step with `tokens` chain-drafted tokens each accepted with
+    probability `acceptance_rate` (independently, until the first rejection; the target's own token always
+    counts): (1 - a^(k+1)) / (1 - a) (Leviathan, Kalman, Matias, "Fast Inference from Transformers via
+    Speculative Decoding", ICML 2023, arXiv:2211.17192, eq. 1). a = 1 gives k + 1; k = 0 gives 1."""
+    k, a = max(0, int(tokens)), float(acceptance_rate)
+    if a >= 1.0:
+        return float(k + 1)
+    if a <= 0.0 or k == 0:
+        return 1.0
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def acceptance_rate_for_length(tokens: int, accept_length: float) -> float:
+    """The per-token acceptance rate a with `expected_tokens_per_step(tokens, a) == accept_length` (bisection):
+    how a published mean acceptance length (tokens per step, the draft's plus the target's) becomes the rate
+    the model takes."""
+    k = max(1, int(tokens))
+    target = min(max(float(accept_length), 1.0), k + 1.0)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2.0
+        if expected_tokens_per_step(k, mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """Speculative decoding as the plan prices and the engines run it (spec.engine.speculative).
+
+    `method` "mtp": the checkpoint's own multi-token-prediction modules draft `tokens` tokens per step
+    (DeepSeek-V3/R1); `acceptance_rate` is the per-draft-token acceptance probability a, `source` where it
+    came from (the user's spec, or the default's publication)."""
+
+    method: str = "mtp"
+    tokens: int = 1
+    acceptance_rate: float = 0.85
+    source: str = ""
+
+    @property
+    def expected_tokens(self) -> float:
+        return expected_tokens_per_step(self.tokens, self.acceptance_rate)
+
+
 @dataclass(frozen=True)
 class SLO:
     ttft_ms: float | None = None

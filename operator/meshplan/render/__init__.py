@@ -150,7 +150,7 @@ def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOpt
     # fields added after v1alpha1 shipped enter the hash only when set, so an operator upgrade does not
     # change the hash (and roll) of groups that do not use them
     added = {"load_format": None, "weights_refusal": "", "weights_env": (), "volumes": (), "volume_mounts": (),
-             "num_experts": 0, "max_model_len_why": ""}
+             "num_experts": 0, "max_model_len_why": "", "speculative": None}
 
     # derived from what the hash already holds (spec.model): never part of it (model_name: the EPLB rule's family)
     derived = {"model_name"}

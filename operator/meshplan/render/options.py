@@ -106,6 +106,7 @@ def options_from_spec(spec: Any, model_arch: Any = None) -> tuple[ServingOptions
         cuda_graphs=engine.cuda_graphs,
         num_experts=getattr(moe_arch, "num_experts", 0) or 0,     # the EPLB rule's expert count (engines.*)
         model_name=getattr(moe_arch, "name", "") or "",            # the EPLB rule's model family (engines.*)
+        speculative=_speculative(engine),
         max_model_len=planned_context(spec.workload),
         max_model_len_why=("spec.workload.maxContext" if spec.workload.max_context else
                            f"spec.workload.inputTokens {spec.workload.input_tokens} + outputTokens "
@@ -143,6 +144,13 @@ def options_from_spec(spec: Any, model_arch: Any = None) -> tuple[ServingOptions
         download_bytes=ckpt_bytes if downloads else 0.0,
     )
     return serving, network, pods
+
+
+def _speculative(engine: Any) -> Any:
+    """spec.engine.speculative as the planner prices it (`planner.speculative_from_spec`), None when off."""
+    from meshplan.planner import speculative_from_spec
+
+    return speculative_from_spec(engine)
 
 
 def checkpoint_bytes(model_arch: Any, dtype: str) -> float:
