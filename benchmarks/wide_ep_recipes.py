@@ -45,7 +45,8 @@ KSERVE = Recipe(
      ("VLLM_ALL2ALL_BACKEND", "deepep_high_throughput", "--all2all-backend", "deepep_high_throughput"),
      ("--max-model-len", "8192", "--max-model-len", "8192"),
      ("--enforce-eager", "true", "--enforce-eager", "true"),
-     ("(no DBO)", "", "--enable-dbo", None)),
+     ("(no DBO)", "", "--enable-dbo", None),
+     ("(no EPLB)", "", "--enable-eplb", None)),
     (("--gpu-memory-utilization 0.95", "meshplan renders 0.9, the fraction its memory fit plans the KV cache "
       "with (no spec field pins it)"),
      ("RoCE: rdma/roce_gdr 1, Multus roce-p2, NCCL_IB_GID_INDEX 3, NVSHMEM/UCX variables",
@@ -64,10 +65,14 @@ LLM_D = Recipe(
      ("--data-parallel-size-local", "8", "--data-parallel-size-local", "8"),
      ("--enable-expert-parallel", "true", "--enable-expert-parallel", "true"),
      ("VLLM_ALL2ALL_BACKEND", "deepep_low_latency", "--all2all-backend", "deepep_low_latency"),
-     ("--enable-dbo", "true", "--enable-dbo", "true")),
+     ("--enable-dbo", "true", "--enable-dbo", "true"),
+     ("--enable-eplb", "true", "--enable-eplb", "true"),
+     ("--eplb-config num_redundant_experts", "32", "--eplb-config",
+      '{"num_redundant_experts":16,"window_size":1000,"step_interval":3000}')),
     (("--dbo-decode-token-threshold 32", "vLLM 0.32.0's default is 32 (ParallelConfig); meshplan prices it and "
       "leaves the flag at its default"),
-     ("--enable-eplb --eplb-config num_redundant_experts 32", "EPLB: see eplb (another engineer's scope)"),
+     ("--eplb-config num_redundant_experts 32 (two per EP rank)",
+      "meshplan renders --eplb-config num_redundant_experts 16: one redundant expert per EP rank (272 = 17 per GPU, engines.base.one_per_rank), held in its memory fit and priced; the count has no spec field"),
      ("--kv_transfer_config NixlConnector", "prefill/decode disaggregation with NIXL: meshplan serves "
       "aggregated replicas"),
      ("--data-parallel-hybrid-lb, --async-scheduling, --compilation_config FULL_DECODE_ONLY",
@@ -86,10 +91,14 @@ DYNAMO = Recipe(
      ("--all2all-backend", "deepep_low_latency", "--all2all-backend", "deepep_low_latency"),
      ("--enable-dbo", "true", "--enable-dbo", "true"),
      ("--max-model-len", "16384", "--max-model-len", "16384"),
-     ("--max-num-seqs", "512", "--max-num-seqs", "512")),
+     ("--max-num-seqs", "512", "--max-num-seqs", "512"),
+     ("--enable-eplb", "true", "--enable-eplb", "true"),
+     ("--eplb-config num_redundant_experts", "32", "--eplb-config",
+      '{"num_redundant_experts":16,"window_size":1000,"step_interval":3000}')),
     (("the prefill worker (a second DEP16, deepep_high_throughput)", "meshplan serves aggregated replicas: one "
       "DEP16 group; its all-to-all is priced per step kind (allToAll auto prices both kernels)"),
-     ("--enable-eplb (num_redundant_experts 32)", "EPLB: see eplb (another engineer's scope)"),
+     ("--enable-eplb (num_redundant_experts 32, two per EP rank)",
+      "meshplan renders --eplb-config num_redundant_experts 16: one redundant expert per EP rank (272 = 17 per GPU, engines.base.one_per_rank), held in its memory fit and priced; the count has no spec field"),
      ("--data-parallel-hybrid-lb, --async-scheduling, --compilation_config", "not planned: vLLM's defaults"),
      ("python3 -m dynamo.vllm", "meshplan runs vllm serve (no Dynamo runtime)")),
     pods=2)
