@@ -967,8 +967,9 @@ class EngineSpec(ApiModel):
     )
     expert_load_balancing: AutoOnOff = Field(
         default="auto",
-        description="Expert-parallel load balancing (redundant hot experts): auto enables it when the plan uses "
-        "expert parallelism over more than one GPU; ignored for dense models.",
+        description="Expert-parallel load balancing (EPLB: redundant copies of hot experts, one per EP rank, held in "
+        "the memory fit): auto enables it for vLLM and SGLang when the plan uses expert parallelism over more than "
+        "one GPU and the engine can balance the model; TensorRT-LLM only when enabled; ignored for dense models.",
     )
     cuda_graphs: AutoOnOff = Field(
         default="auto",
