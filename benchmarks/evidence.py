@@ -154,6 +154,11 @@ VARIANTS = {
     "steady_admission": _grid(ttft=TTFT_FIXED),
     # the per-step overhead and the fixed TTFT cost together
     "step_ms+ttft_fixed_ms": _grid(step=STEP, ttft=TTFT_FIXED),
+    # admission by benchmark round, no constant: a closed-loop client sending `prompts_per_concurrency`
+    # x C prompts at concurrency C (sources.yaml, read in each source's harness) releases one round
+    # together (the arrival wave) and the rest one at a time as others finish (steady state): mean
+    # TTFT = wave TTFT / R + steady TTFT x (1 - 1/R); R = 1 (committed model) where a source states none
+    "rounds_admission": [{}],
 }
 
 
@@ -168,7 +173,31 @@ def _variant_params(name: str, base: PerfParams, v: dict, run: Run) -> PerfParam
     return base.with_values(**kw) if kw else base
 
 
+def prompts_per_concurrency(source: str) -> float:
+    """R of `rounds_admission`: prompts sent per unit of concurrency by the source's client (1: unknown)."""
+    return float(_sources().get(source, {}).get("prompts_per_concurrency") or 1)
+
+
+def _sources() -> dict:
+    global _SOURCES
+    if _SOURCES is None:
+        import yaml
+
+        _SOURCES = yaml.safe_load((HERE / "sources.yaml").read_text()) or {}
+    return _SOURCES
+
+
+_SOURCES = None
+
+
 def predict_variant(name: str, run: Run, base: PerfParams, v: dict) -> dict:
+    if name == "rounds_admission":
+        p = predict_run(run, base)
+        rounds = prompts_per_concurrency(run.source)
+        if rounds > 1 and run.concurrency > 1:
+            steady = predict_run(run, base.with_values(wave=0.0, wave_prefill_first=0.0, wave_budget_first=0.0))
+            p = {**p, "ttft_ms": p["ttft_ms"] / rounds + steady["ttft_ms"] * (1.0 - 1.0 / rounds)}
+        return p
     q = _variant_params(name, base, v, run)
     p = predict_run(run, q)
     if v.get("seq"):

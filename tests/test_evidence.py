@@ -120,3 +120,22 @@ def test_variants_command_prints_both_folds(capsys):
     out = capsys.readouterr().out
     for name in ev.VARIANTS:
         assert f"{name} LOSO"[:26] in out and f"{name} LOMO"[:26] in out
+
+
+def test_rounds_admission_weights_the_wave_by_the_clients_rounds(runs):
+    """InferenceX sends 10 x C prompts at concurrency C (its benchmark scripts: --num-prompts $((CONC * 10))):
+    one round in ten meets the arrival wave. With R = 1 (trtllm-bench queues everything at once) or at
+    concurrency 1 nothing changes; otherwise TTFT lies between the steady-state and the wave figure."""
+    assert ev.prompts_per_concurrency("inferencex-870-h200") == 10
+    assert ev.prompts_per_concurrency("trtllm-perf-overview") == 1
+    assert ev.prompts_per_concurrency("tenstorrent-356-h100") == 1     # states none
+    for r in runs:
+        got = ev.predict_variant("rounds_admission", r, FITTED_PARAMS, {})
+        wave = ev.predict_run(r, FITTED_PARAMS)
+        if ev.prompts_per_concurrency(r.source) == 1 or r.concurrency == 1:
+            assert got == wave
+        else:
+            steady = ev.predict_variant("steady_admission", r, FITTED_PARAMS, {"ttft": 0.0})
+            assert steady["ttft_ms"] < got["ttft_ms"] < wave["ttft_ms"]
+            assert got["ttft_ms"] == pytest.approx(wave["ttft_ms"] / 10 + steady["ttft_ms"] * 0.9)
+            assert got["tpot_ms"] == wave["tpot_ms"]
