@@ -259,24 +259,3 @@ def test_single_request_long_prompt_decodes_without_prompt_landing():
     assert long < 1.5 * short + kv_read_ms                  # nowhere near the old 2x
     # with other requests running, their prompts do land in the steps and lengthen TPOT
     assert tpot(100_000, 2) > long * 1.05
-
-
-def test_engine_ttft_cost_adds_to_ttft_only_and_only_for_its_engine():
-    """Issue 20: each engine's per-request cost before the first token (`ttft_<engine>_ms`, fitted on
-    the calibration set's end-to-end runs). It shifts that engine's TTFT by exactly itself, at any
-    load, leaves TPOT and throughput alone, vanishes at 0, and NIM is priced as vLLM."""
-    q0 = FITTED_PARAMS.with_values(ttft_sglang_ms=0.0, ttft_trtllm_ms=0.0, ttft_vllm_ms=0.0)
-    for engine, name in (("sglang", "ttft_sglang_ms"), ("trtllm", "ttft_trtllm_ms"), ("vllm", "ttft_vllm_ms"),
-                         ("nim", "ttft_vllm_ms")):
-        for conc in (1, 64):
-            base = _p(conc=conc, engine=engine, params=q0)
-            more = _p(conc=conc, engine=engine, params=q0.with_values(**{name: 50.0}))
-            assert more.ttft_ms == pytest.approx(base.ttft_ms + 50.0)
-            assert more.tpot_ms == base.tpot_ms and more.tokens_per_s_per_gpu == base.tokens_per_s_per_gpu
-            other = "ttft_trtllm_ms" if name != "ttft_trtllm_ms" else "ttft_vllm_ms"
-            assert _p(conc=conc, engine=engine, params=q0.with_values(**{other: 50.0})).ttft_ms == base.ttft_ms
-    wl = Workload(isl=1024, osl=256)
-    dis = [perf.predict_disagg(LLAMA70, H100, Layout(tp=4), Layout(tp=4), wl, weight_dtype="fp8", kv_dtype="fp8",
-                               concurrency=16, engine="sglang", params=q0.with_values(ttft_sglang_ms=v)).ttft_ms
-           for v in (0.0, 50.0)]
-    assert dis[1] == pytest.approx(dis[0] + 50.0)

@@ -76,7 +76,7 @@ from meshplan.planner.perf import PerfParams
 from meshplan.planner.types import Workload
 
 # Fitted by `python benchmarks/accuracy.py --fit` (see module docstring).
-FITTED_PARAMS = PerfParams(gemm_eff=0.6761, mem_eff=1, attn_eff=0.6975, moe_eff=0.6129, layer_us=69.93, iter_ms=0.04393, comm_eff=0.3747, comm_us=1.034, nic_us=24.12, ttft_iters=4.351, wave=0.05749, wave_prefill_first=0.3412, wave_budget_first=0.0525, interference=1, moe_gemm_eff=0.2629, a2a_peer_us=1.595, ttft_sglang_ms=105.2, ttft_trtllm_ms=42.84, ttft_vllm_ms=9.769)
+FITTED_PARAMS = PerfParams(gemm_eff=0.6805, mem_eff=1, attn_eff=0.7036, moe_eff=0.6052, layer_us=70.24, iter_ms=0.03273, comm_eff=0.3837, comm_us=1.155, nic_us=24.3, ttft_iters=7.514, wave=0.05711, wave_prefill_first=0.3933, wave_budget_first=0.03658, interference=1, moe_gemm_eff=0.2443, a2a_peer_us=1.565)
 
 MAX_MEMORY_FRACTION = 0.96             # highest memory fraction we assume an operator set
 
@@ -308,7 +308,7 @@ def load_scenarios(csv_path: str | Path, configs_dir: str | Path | None, *, mode
 
 FIT_NAMES = ("gemm_eff", "mem_eff", "attn_eff", "moe_eff", "layer_us", "iter_ms", "comm_eff", "comm_us",
              "nic_us", "ttft_iters", "wave", "wave_prefill_first", "wave_budget_first",
-             "interference", "moe_gemm_eff", "a2a_peer_us", "ttft_sglang_ms", "ttft_trtllm_ms", "ttft_vllm_ms")
+             "interference", "moe_gemm_eff", "a2a_peer_us")
 _CAPPED = {"gemm_eff", "mem_eff", "attn_eff", "moe_eff", "moe_gemm_eff", "comm_eff", "wave",
            "wave_prefill_first", "wave_budget_first", "interference"}
 TTFT_WEIGHT = 1.0
@@ -429,16 +429,14 @@ def nelder_mead(f, x0: list[float], step: float = 0.3, iters: int = 300, tol: fl
 # parameters fitted in the second (TTFT) stage of `fit`: the TTFT-only serving
 # parameters and the grouped-GEMM efficiency of routed experts, whose work is
 # prefill-sized (decode reads experts, it hardly computes them)
-TTFT_ONLY = ("ttft_iters", "wave", "wave_prefill_first", "wave_budget_first", "moe_gemm_eff",
-             "ttft_sglang_ms", "ttft_trtllm_ms", "ttft_vllm_ms")
+TTFT_ONLY = ("ttft_iters", "wave", "wave_prefill_first", "wave_budget_first", "moe_gemm_eff")
 
 
 def _nm_fit(scenarios, p: PerfParams, names, tpot_weight: float, ttft_weight: float, clip,
             iters: int) -> PerfParams:
     """Nelder-Mead over log(names) from p's values, then a restart with a smaller simplex."""
     # moe_gemm_eff 0 means "as moe_eff": start it there
-    x0 = [math.log(getattr(p, n) or (20.0 if n.startswith("ttft_") and n.endswith("_ms") else p.moe_eff))
-          for n in names]
+    x0 = [math.log(getattr(p, n) or p.moe_eff) for n in names]
     f = lambda x: loss(scenarios, _make(x, p, names), tpot_weight, ttft_weight, clip)  # noqa: E731
     best, _ = nelder_mead(f, x0, iters=iters)
     best, _ = nelder_mead(f, best, step=0.1, iters=iters // 2)

@@ -106,14 +106,6 @@ class PerfParams:
                                  # in dispatch (77 µs at EP8, 173 µs at EP64) and ~3.6 µs in combine
                                  # (114 -> 314 µs)
 
-    # per-request cost before the first token of each engine's serving path (its API server, tokenizer
-    # and detokenizer processes and their IPC hops, the first streamed chunk), on top of the prefill and
-    # the iterations it waits: fitted on the calibration set's end-to-end runs (issue 20), 0 = none.
-    # NIM and DeepSpeed-MII are priced as vLLM (`_priced_as`).
-    ttft_sglang_ms: float = 0.0
-    ttft_trtllm_ms: float = 0.0
-    ttft_vllm_ms: float = 0.0
-
     def with_values(self, **kw) -> "PerfParams":
         return PerfParams(**{**self.__dict__, **kw})
 
@@ -145,11 +137,6 @@ def _wave(q: "PerfParams", engine: str) -> float:
     if engine in BUDGET_FIRST_ENGINES:
         return q.wave_budget_first
     return q.wave
-
-def _engine_ttft_ms(q: "PerfParams", engine: str) -> float:
-    """The engine's own per-request cost before the first token (`PerfParams.ttft_<engine>_ms`)."""
-    return getattr(q, f"ttft_{_priced_as(engine)}_ms", 0.0)
-
 
 def engine_defaults(engine: str, gpu: GpuSpec) -> tuple[int, int]:
     """(chunk_size = max tokens per iteration, max_num_seqs) an engine uses when not told.
@@ -550,7 +537,7 @@ def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: in
     p_own = min(isl, chunk_free)
     own_stage = pf_stage if p_own == p_iter else iteration_ms(model, st, m, q, d, ctx, p_own, pctx)
     own = max(1.0, isl / chunk_free) * m.pp * (own_stage + hop_ms)
-    ttft = q.ttft_base_ms + _engine_ttft_ms(q, engine) + q.ttft_iters * tpot + prefill
+    ttft = q.ttft_base_ms + q.ttft_iters * tpot + prefill
     if B > b_run:
         service = prefill + osl * tpot
         ttft += service * (B / b_run - 1.0)
@@ -630,7 +617,6 @@ def predict_disagg(
     if B > b_run:
         ttft += (service_ms + osl * tpot) * (B / b_run - 1.0)
         notes.append(f"decode worker runs {b_run} of {B} requests at once")
-    ttft += _engine_ttft_ms(q, engine)
     gpus = prefill_workers * pm.gpus + decode_workers * dm.gpus
     tps_user = 1000.0 / tpot
     return Prediction(ttft_ms=ttft, tpot_ms=tpot,
