@@ -3,7 +3,9 @@
     python benchmarks/evidence.py                  # committed parameters, per source / model / engine / GPU
     python benchmarks/evidence.py --rows           # also every row, predicted against measured
     python benchmarks/evidence.py --variant NAME   # a candidate model term (see VARIANTS), fitted
-                                                   # leave-one-source-out on the other sources
+                                                   # leave-one-source-out and leave-one-model-out
+    python benchmarks/evidence.py --variants       # every candidate, both folds, one line each
+    python benchmarks/evidence.py --no-suspect     # without the sources sources.yaml marks suspect
 
 Data: benchmarks/evidence/runs.csv (one measured point a row) and sources.yaml (where each source's
 figures were read, engine and version, benchmark client, how its figures are defined). Issue 20, build 1.
@@ -12,7 +14,9 @@ Every row is held out by construction: the committed `FITTED_PARAMS` were fitted
 calibration set only, so every source and every model here is one the fit never saw; the per-source
 table IS the leave-one-source-out figure for the committed model, and the per-model table its
 leave-one-model-out figure. A `--variant` adds a term with its own constant(s), which is fitted on the
-OTHER sources' rows and reported on the held-out source (true leave-one-source-out).
+OTHER sources' (models') rows and reported on the held-out source (model): true leave-one-source-out
+and leave-one-model-out. Sources marked `suspect:` in sources.yaml stay in every headline figure;
+the figure without them is printed on its own line.
 
 Figures (median over rows that have the figure): TPOT, TTFT and tokens/s/GPU median absolute relative
 error, bias (median signed error), Spearman rank correlation. `tokens/s/GPU` for throughput-only rows
@@ -77,6 +81,14 @@ def load(path: Path = HERE / "runs.csv") -> list[Run]:
                        spec_accept_length=float((r.get("spec_accept_length") or "1").strip() or 1.0),
                        stat=(r.get("stat") or "").strip()))
     return out
+
+
+def suspect_sources(path: Path = HERE / "sources.yaml") -> dict[str, str]:
+    """{source: why its rows are doubtful} for the sources sources.yaml marks `suspect:`."""
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) or {}
+    return {k: v["suspect"] for k, v in data.items() if isinstance(v, dict) and v.get("suspect")}
 
 
 def predict_run(run: Run, params: PerfParams) -> dict:
@@ -162,15 +174,93 @@ def _fmt(label: str, f: dict) -> str:
     return f"{label:<26} " + "  |  ".join(cells)
 
 
-# ---- candidate terms (issue 20 build 2): each must earn its place on held-out sources ------------
+# ---- candidate terms (issue 20 build 2): each must earn its place on held-out sources AND models -----
+#
+# A variant is a grid of values for its constant(s) and a function that turns (base params, values, run)
+# into the params that run is predicted with (plus, for per-sequence terms, a second pass that needs the
+# running batch). The constants are fitted on the training rows of each fold (grid search, least sum of
+# the three figures' median absolute errors) and reported on the fold's held-out rows; folds are
+# leave-one-source-out and leave-one-model-out. No per-source or per-model constant exists anywhere.
 
-def _variant_params(name: str, base: PerfParams, x: float, engine: str) -> PerfParams:
-    if name == "engine_iter_ms":      # per-engine per-step overhead (scheduler, launch, sampling) for SGLang
-        return base.with_values(iter_ms=base.iter_ms + x) if engine == "sglang" else base
-    raise KeyError(name)
+ENGINES = ("sglang", "trtllm", "vllm")
 
 
-VARIANTS = {"engine_iter_ms": [0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0]}
+def _grid(**axes):
+    keys = list(axes)
+    out = [{}]
+    for k in keys:
+        out = [{**o, k: v} for o in out for v in axes[k]]
+    return out
+
+
+STEP = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+TTFT_FIXED = (0.0, 25.0, 50.0, 100.0, 150.0, 200.0)
+VARIANTS = {
+    # a per-step serving overhead (scheduler, sampling, detokenise, launches outside the CUDA graph), one
+    # constant for every engine
+    "step_ms": _grid(step=STEP),
+    # the same, one constant per engine (fitted on that engine's training rows only)
+    "engine_step_ms": _grid(step=STEP),
+    # a per-step overhead plus a per-running-sequence one (sampling and detokenising grow with the batch)
+    "step_seq_ms": _grid(step=(0.0, 0.5, 1.0, 2.0, 4.0), seq=(0.0, 0.01, 0.02, 0.04, 0.08)),
+    # a fixed per-request cost before the first token (HTTP, tokenise, IPC, first streamed chunk)
+    "ttft_fixed_ms": _grid(ttft=TTFT_FIXED),
+    # steady-state admission in place of the arrival wave: in a closed loop past its first round each
+    # request arrives alone and is admitted at the next step (no wave share), plus the fixed cost
+    "steady_admission": _grid(ttft=TTFT_FIXED),
+    # the per-step overhead and the fixed TTFT cost together
+    "step_ms+ttft_fixed_ms": _grid(step=STEP, ttft=TTFT_FIXED),
+    # admission by benchmark round, no constant: a closed-loop client sending `prompts_per_concurrency`
+    # x C prompts at concurrency C (sources.yaml, read in each source's harness) releases one round
+    # together (the arrival wave) and the rest one at a time as others finish (steady state): mean
+    # TTFT = wave TTFT / R + steady TTFT x (1 - 1/R); R = 1 (committed model) where a source states none
+    "rounds_admission": [{}],
+}
+
+
+def _variant_params(name: str, base: PerfParams, v: dict, run: Run) -> PerfParams:
+    kw = {}
+    if "step" in v:
+        kw["iter_ms"] = base.iter_ms + v["step"]
+    if "ttft" in v:
+        kw["ttft_base_ms"] = base.ttft_base_ms + v["ttft"]
+    if name == "steady_admission":
+        kw.update(wave=0.0, wave_prefill_first=0.0, wave_budget_first=0.0)
+    return base.with_values(**kw) if kw else base
+
+
+def prompts_per_concurrency(source: str) -> float:
+    """R of `rounds_admission`: prompts sent per unit of concurrency by the source's client (1: unknown)."""
+    return float(_sources().get(source, {}).get("prompts_per_concurrency") or 1)
+
+
+def _sources() -> dict:
+    global _SOURCES
+    if _SOURCES is None:
+        import yaml
+
+        _SOURCES = yaml.safe_load((HERE / "sources.yaml").read_text()) or {}
+    return _SOURCES
+
+
+_SOURCES = None
+
+
+def predict_variant(name: str, run: Run, base: PerfParams, v: dict) -> dict:
+    if name == "rounds_admission":
+        p = predict_run(run, base)
+        rounds = prompts_per_concurrency(run.source)
+        if rounds > 1 and run.concurrency > 1:
+            steady = predict_run(run, base.with_values(wave=0.0, wave_prefill_first=0.0, wave_budget_first=0.0))
+            p = {**p, "ttft_ms": p["ttft_ms"] / rounds + steady["ttft_ms"] * (1.0 - 1.0 / rounds)}
+        return p
+    q = _variant_params(name, base, v, run)
+    p = predict_run(run, q)
+    if v.get("seq"):
+        # the running batch of the first pass (tokens/s/GPU = B_run x 1000 / TPOT / GPUs), per scheduler
+        b_run = p["tokens_per_s_per_gpu"] * run.mapping.gpus * p["tpot_ms"] / 1000.0
+        p = predict_run(run, q.with_values(iter_ms=q.iter_ms + v["seq"] * b_run / run.mapping.attn_dp))
+    return p
 
 
 def _score(pairs) -> float:
@@ -178,33 +268,70 @@ def _score(pairs) -> float:
     return sum(f[k]["mae"] for k in METRICS if f[k]["n"])
 
 
+def _fit(name: str, train: list[Run], base: PerfParams) -> dict:
+    """The variant's constant(s) that minimise `_score` on `train`; per engine for engine_* variants."""
+    grid = VARIANTS[name]
+    if name.startswith("engine_"):
+        out = {}
+        for e in ENGINES:
+            rows = [r for r in train if r.engine == e]
+            best = min(grid, key=lambda v: _score([(r, predict_variant(name, r, base, v)) for r in rows])
+                       if rows else 0.0) if rows else grid[0]
+            out[e] = best
+        return out
+    return min(grid, key=lambda v: _score([(r, predict_variant(name, r, base, v)) for r in train]))
+
+
+def _apply(name: str, fitted: dict, r: Run, base: PerfParams) -> dict:
+    v = fitted[r.engine] if name.startswith("engine_") else fitted
+    return predict_variant(name, r, base, v)
+
+
+def held_out(name: str, runs: list[Run], base: PerfParams, key, *, log=None) -> list[tuple[Run, dict]]:
+    """Leave-one-group-out (`key`: source or model): fit on the other groups, predict the held-out one."""
+    out = []
+    for g in sorted({key(r) for r in runs}):
+        train = [r for r in runs if key(r) != g]
+        test = [r for r in runs if key(r) == g]
+        fitted = _fit(name, train, base)
+        if log is not None:
+            log(f"  {name}: held out {g:<24} fitted {fitted}")
+        out += [(r, _apply(name, fitted, r, base)) for r in test]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=HERE / "runs.csv")
     ap.add_argument("--rows", action="store_true", help="print every row")
     ap.add_argument("--variant", choices=sorted(VARIANTS), default=None)
+    ap.add_argument("--variants", action="store_true",
+                    help="every variant: leave-one-source-out and leave-one-model-out figures, one line each")
+    ap.add_argument("--no-suspect", action="store_true",
+                    help="drop the sources sources.yaml marks suspect (from fitting and from the figures)")
     args = ap.parse_args(argv)
     every = load(args.data)
     runs = [r for r in every if not r.spec]     # speculative decoding runs kept apart (priced in their own table)
+    if args.no_suspect:
+        drop = suspect_sources(args.data.parent / "sources.yaml")
+        runs = [r for r in runs if r.source not in drop]
+        print(f"without the suspect sources {sorted(drop)}")
     base = FITTED_PARAMS
+    if args.variants:
+        print(f"{len(runs)} runs, {len({r.source for r in runs})} sources, {len({r.model for r in runs})} models; "
+              "per metric: rows, median |err|, bias, Spearman")
+        print(_fmt("committed (no new term)", figures([(r, predict_run(r, base)) for r in runs])))
+        for name in VARIANTS:
+            for title, key in (("LOSO", lambda r: r.source), ("LOMO", lambda r: r.model)):
+                print(_fmt(f"{name} {title}"[:26], figures(held_out(name, runs, base, key))))
+        return 0
 
-    def run_all(rs, value=None):
-        out = []
-        for r in rs:
-            q = base if value is None else _variant_params(args.variant, base, value, r.engine)
-            out.append((r, predict_run(r, q)))
-        return out
-
-    pairs = run_all(runs)
+    pairs = [(r, predict_run(r, base)) for r in runs]
     if args.variant:
-        held = []
-        for src in sorted({r.source for r in runs}):
-            train = [r for r in runs if r.source != src]
-            best = min(VARIANTS[args.variant], key=lambda v: _score(run_all(train, v)))
-            test = [r for r in runs if r.source == src]
-            print(f"  {args.variant}: fitted {best} on the sources other than {src}")
-            held += run_all(test, best)
-        pairs = held
+        for title, key in (("leave-one-source-out", lambda r: r.source), ("leave-one-model-out", lambda r: r.model)):
+            held = held_out(args.variant, runs, base, key, log=print)
+            print(_fmt(f"{title[:26]}", figures(held)))
+        pairs = held_out(args.variant, runs, base, lambda r: r.source)
     print(f"{len(runs)} runs from {len({r.source for r in runs})} sources "
           f"({'variant ' + args.variant + ', leave-one-source-out' if args.variant else 'committed parameters'}); "
           "per metric: rows, median |err|, bias, Spearman")
@@ -222,6 +349,12 @@ def main(argv: list[str] | None = None) -> int:
     spec_runs = [r for r in every if r.spec]
     if spec_runs and not args.variant:
         print("\n".join(speculative_report(spec_runs, base)))
+    yml = args.data.parent / "sources.yaml"
+    suspect = suspect_sources(yml) if yml.exists() and not args.no_suspect else {}
+    if suspect:
+        print(_fmt("  without suspect sources", figures([(r, p) for r, p in pairs if r.source not in suspect])))
+        for k, why in sorted(suspect.items()):
+            print(f"    suspect {k}: {why}")
     if args.rows:
         for r, p in pairs:
             cells = " ".join(f"{k.split('_')[0]} {p[k]:8.1f}/{r.measured[k]:8.1f}" for k in METRICS if k in r.measured)
