@@ -14,8 +14,13 @@ Used by e2e/test_real_vllm.py and benchmarks/real_vllm.py. Pieces, each small an
 - `podmonitor_scrape_config(doc)` / `pod_sd_labels(pod)`: the chart's engine PodMonitor turned into
   the Prometheus scrape config the Prometheus Operator generates for it, and the `__meta_kubernetes_*`
   labels Prometheus' Kubernetes pod discovery gives the pod; a real Prometheus applies the relabelling.
+  (`RelabelPrometheus`: e2e/autoscale_fleet.py's `OwnPrometheus`, the one e2e helper that starts a
+  real Prometheus, with that job).
 - `RealVllm`: the process (its own process group; `stop()` ends it and its engine-core child).
 - `bench(...)`: `vllm bench serve` from the same venv (the load generator), its JSON result.
+- `StatusWatch` / `evaluations(...)`: every version of the LLMDeployment a `kubectl get --watch`
+  sees, and the correction evaluations status.observed shows in them (issue 20's predicted vs
+  observed).
 """
 
 from __future__ import annotations

@@ -327,6 +327,9 @@ def check_observed_and_drift(cluster, prom, watch, conv: dict[str, Any], t_load_
     assert obs["predictedItlMs"] == pytest.approx(pred["itlMs"], abs=0.01)
     assert obs["predictedTtftMs"] == pytest.approx(pred["ttftMs"], abs=0.1)
     assert obs["predictedTokensPerSecondPerGpu"] == pytest.approx(pred["tokensPerSecondPerGpu"], abs=0.01)
+    mark(f"predicted (status.plan.predicted, layout {plan.get('layout')}): TTFT {pred['ttftMs']} ms, ITL "
+         f"{pred['itlMs']} ms, {pred['tokensPerSecondPerGpu']} tokens/s per GPU; observed p50 TTFT "
+         f"{obs['ttftP50Ms']} ms, ITL {obs['itlP50Ms']} ms, {obs['tokensPerSecondPerGpu']} tokens/s per GPU")
 
     # -- PredictionDrift turned True, slower than predicted, with the numbers of an evaluation seen
     drifts = [(t, _cond(x, drift.COND_PREDICTION_DRIFT)) for t, x in objects]
@@ -474,10 +477,13 @@ def test_real_vllm_serves_is_scraped_with_podmonitor_labels_and_is_autoscaled(
         cluster.kubectl("patch", "llmd", NAME, "-n", NS, "--type=merge", "-p", json.dumps(
             {"spec": {"autoscaling": {"upThreshold": up, "downThreshold": down}}}))
 
-        # Load: far more concurrent requests than --max-num-seqs, so they queue inside vLLM. 1200 prompts
-        # outlast the phase (~12 req/s measured here); the generator samples them all before sending.
+        # Load: far more concurrent requests than --max-num-seqs, so they queue inside vLLM. The generator
+        # samples all prompts before sending (seconds per thousand), so the load is made long by the output
+        # (the spec's outputTokens, 256), not by more prompts: 1200 x 256 tokens outlast the phase, which
+        # ends when the correction has converged (measured: 2,200 output tokens/s at best, i.e. >= 140 s).
         max_seqs = int(rendered[rendered.index("--max-num-seqs") + 1])
-        load = rv.Bench(server, served, model_dir, bench_dir, input_len=256, output_len=64, num_prompts=1200,
+        load = rv.Bench(server, served, model_dir, bench_dir, input_len=256,
+                        output_len=manifest(1, 0.5)["spec"]["workload"]["outputTokens"], num_prompts=1200,
                         request_rate="inf", max_concurrency=4 * max_seqs, label="load").start()
         procs.append(load)
         mark(f"load: {4 * max_seqs} concurrent requests (--max-num-seqs {max_seqs})")
