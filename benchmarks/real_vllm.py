@@ -12,8 +12,11 @@ PodMonitor, the operator, examples/llama-3.1-8b-1gpu.yaml with autoscaling on; t
 rendered argv runs as a real `vllm serve` (CPU-forced changes only). Then `vllm bench serve` runs
 the steps: light (one request at a time), heavy (4 x --max-num-seqs concurrent), idle. Every 2 s it
 samples the LLMDeployment's status (the autoscaler's observed p99 TTFT/ITL from Prometheus and the
-replica count). Prints the per-step client-side percentiles from the load generator, the timeline,
-and the autoscaling thresholds it chose from the light step (as the e2e does).
+replica count; status.observed: p50 TTFT/ITL and tokens/s next to the plan's predictions, the
+correction factors and the capacity they give, and the PredictionDrift condition). Prints the
+per-step client-side percentiles from the load generator, the timeline, observed vs predicted and
+the correction factors over time (one row per evaluation seen), and the autoscaling thresholds it
+chose from the light step (as the e2e does).
 Replicas beyond the first are kwok pods (nothing runs in them); the load goes to the real server.
 """
 
@@ -59,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     stop: list = []
     samples: list[tuple[float, str, dict]] = []
     phase = ["setup"]
+    phase_at: list[tuple[float, str]] = [(time.time(), "setup")]
+    wall0 = time.time() - (time.monotonic() - t0)
     try:
         cluster.up(["hgx-h100"], prometheus=False, timeout=240)
         doc = test.podmonitor(cluster)
@@ -76,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         m["spec"]["gpus"]["maxGpus"] = args.max_replicas
         m["spec"]["autoscaling"]["maxReplicas"] = args.max_replicas
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(m))
+        watch = rv.StatusWatch(cluster, ns, name).start()      # every status write (status.observed over time)
+        stop.append(watch.stop)
         model_dir = rv.tiny_model_dir()
         rv.write_tiny_model(model_dir)
 
@@ -111,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                 samples.append((time.monotonic() - t0, phase[0], {
                     "desired": s.get("desiredReplicas"), "ready": s.get("readyReplicas"),
                     **{k: (s.get("autoscaling") or {}).get(k) for k in
-                       ("observedTtftMs", "observedItlMs", "ttftRatio", "itlRatio", "requestRate", "requestsWaiting")}}))
+                       ("observedTtftMs", "observedItlMs", "ttftRatio", "itlRatio", "requestRate", "requestsWaiting")},
+}))
         th = threading.Thread(target=sampler, daemon=True)
         th.start()
         stop.append(done.set)
@@ -120,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         max_seqs = int(launch.argv[launch.argv.index("--max-num-seqs") + 1])
         results = {}
         phase[0] = "light"
+        phase_at.append((time.time(), "light"))
         results["light"] = rv.Bench(server, served, model_dir, work, input_len=128, output_len=32,
                                     num_prompts=args.light_prompts, request_rate="inf", max_concurrency=1,
                                     label="light").start().wait(600)
@@ -140,10 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         cluster.kubectl("patch", "llmd", name, "-n", ns, "--type=merge", "-p", json.dumps(
             {"spec": {"autoscaling": {"upThreshold": up, "downThreshold": down}}}))
         phase[0] = "heavy"
+        phase_at.append((time.time(), "heavy"))
         results["heavy"] = rv.Bench(server, served, model_dir, work, input_len=256, output_len=64,
                                     num_prompts=args.heavy_prompts, request_rate="inf",
                                     max_concurrency=4 * max_seqs, label="heavy").start().wait(900)
         phase[0] = "idle"
+        phase_at.append((time.time(), "idle"))
         time.sleep(args.idle_s)
         done.set()
 
@@ -163,6 +174,21 @@ def main(argv: list[str] | None = None) -> int:
                       f"({fmt(x['ttftRatio'], '5.2f')})  {fmt(x['observedItlMs'], '10.1f')} ({fmt(x['itlRatio'], '4.2f')})  "
                       f"{fmt(x['requestRate'], '5.2f')}  {fmt(x['requestsWaiting'], '7.0f')}")
             last = row
+        print("\n   t s  step   eval  p50 TTFT ms (predicted)  p50 ITL ms (predicted)  tok/s/GPU (pred.)  "
+              "factor TTFT  factor ITL  capacity req/s (predicted)  PredictionDrift   "
+              "(status.observed, every correction evaluation the watch saw; t from the evaluation's time)")
+        fmt = (lambda v, f: "-" if v is None else format(v, f))
+        for ev in rv.evaluations(watch.snapshot()):
+            ob = ev.observed
+            step = [name for at, name in phase_at if at <= ev.time + 1][-1]
+            c = next((c for c in (ev.obj.get("status") or {}).get("conditions") or []
+                      if c["type"] == "PredictionDrift"), {})
+            print(f"{ev.time - wall0:6.0f}  {step:6} {ev.n:5d}  {fmt(ob.get('ttftP50Ms'), '9.1f')} "
+                  f"({fmt(ob.get('predictedTtftMs'), '7.1f')})  {fmt(ob.get('itlP50Ms'), '8.2f')} "
+                  f"({fmt(ob.get('predictedItlMs'), '6.2f')})  {fmt(ob.get('tokensPerSecondPerGpu'), '7.1f')} "
+                  f"({fmt(ob.get('predictedTokensPerSecondPerGpu'), '7.1f')})  {fmt(ob.get('ttftCorrection'), '10.3f')}"
+                  f"  {fmt(ob.get('itlCorrection'), '9.3f')}  {fmt(ob.get('capacityRps'), '8.3f')} "
+                  f"({fmt(ob.get('predictedCapacityRps'), '6.3f')})  {c.get('status', '-')}/{c.get('reason', '-')}")
         peak = max((x["desired"] or 0) for _, _, x in samples)
         final = samples[-1][2]["desired"] if samples else None
         print(f"\nreplicas: 1 -> {peak} -> {final}; total {time.monotonic() - t0:.0f}s")

@@ -87,21 +87,26 @@ class FollowingFleet:
 
 
 class OwnPrometheus:
-    """A private Prometheus (the Debian `prometheus` binary) for tests that stop it.
+    """A private Prometheus (the Debian `prometheus` binary) for tests that stop it; the one helper
+    that starts a real Prometheus in e2e (e2e/real_vllm.py's `RelabelPrometheus` is this with the
+    chart PodMonitor's scrape job).
 
     Same configuration as the dev cluster's (file service discovery, 1 s
     scrape interval), on its own port and data directory, so stopping it
-    leaves the shared instance up for the other tests.
+    leaves the shared instance up for the other tests. `scrape_job`: the one
+    job's settings (relabelling, path, interval) instead of the plain
+    `meshplan-e2e-own` job; its targets always come from file SD in `targets/`.
     """
 
-    def __init__(self, binary: str = "prometheus", port: int | None = None) -> None:
+    def __init__(self, binary: str = "prometheus", port: int | None = None,
+                 scrape_job: dict[str, Any] | None = None, prefix: str = "meshplan-prom-") -> None:
         import shutil
         import socket
         import tempfile
         from pathlib import Path
 
         self.binary = shutil.which(binary) or binary
-        self.dir = Path(tempfile.mkdtemp(prefix="meshplan-prom-"))
+        self.dir = Path(tempfile.mkdtemp(prefix=prefix))
         self.targets = self.dir / "targets"
         self.targets.mkdir()
         if port is None:
@@ -110,6 +115,8 @@ class OwnPrometheus:
                 port = s.getsockname()[1]
         self.port = port
         self.url = f"http://127.0.0.1:{self.port}"
+        self.scrape_config = {**(scrape_job or {"job_name": "meshplan-e2e-own"}), "file_sd_configs": [
+            {"files": [str(self.targets / "*.json")], "refresh_interval": "1s"}]}
         self.proc = None
 
     def start(self, timeout_s: float = 60.0) -> "OwnPrometheus":
@@ -120,21 +127,23 @@ class OwnPrometheus:
         import yaml
 
         cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-               "scrape_configs": [{"job_name": "meshplan-e2e-own", "file_sd_configs": [
-                   {"files": [str(self.targets / "*.json")], "refresh_interval": "1s"}]}]}
-        (self.dir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+               "scrape_configs": [self.scrape_config]}
+        (self.dir / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         self.proc = subprocess.Popen(
             [self.binary, f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
             stdout=open(self.dir / "log", "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
             try:
                 with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
                     if r.status == 200:
                         return self
             except OSError:
                 time.sleep(0.3)
+        self.stop()
         raise RuntimeError(f"prometheus did not get ready: {(self.dir / 'log').read_text()[-2000:]}")
 
     def add_scrape_target(self, name: str, address: str, labels: dict[str, str] | None = None) -> None:
@@ -145,10 +154,31 @@ class OwnPrometheus:
     def remove_scrape_target(self, name: str) -> None:
         (self.targets / f"{name}.json").unlink(missing_ok=True)
 
+    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
+        """The instant query's result vector (at unix time `at`, else now)."""
+        import urllib.parse
+        import urllib.request
+
+        params = {"query": promql, **({} if at is None else {"time": f"{at:.3f}"})}
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?" + urllib.parse.urlencode(params), timeout=5) as r:
+            return json.loads(r.read())["data"]["result"]
+
+    def targets_api(self) -> dict[str, Any]:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.url}/api/v1/targets?state=any", timeout=5) as r:
+            return json.loads(r.read())["data"]
+
     def stop(self) -> None:
+        import subprocess
+
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(20)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
 
     def cleanup(self) -> None:
         import shutil

@@ -14,8 +14,13 @@ Used by e2e/test_real_vllm.py and benchmarks/real_vllm.py. Pieces, each small an
 - `podmonitor_scrape_config(doc)` / `pod_sd_labels(pod)`: the chart's engine PodMonitor turned into
   the Prometheus scrape config the Prometheus Operator generates for it, and the `__meta_kubernetes_*`
   labels Prometheus' Kubernetes pod discovery gives the pod; a real Prometheus applies the relabelling.
+  (`RelabelPrometheus`: e2e/autoscale_fleet.py's `OwnPrometheus`, the one e2e helper that starts a
+  real Prometheus, with that job).
 - `RealVllm`: the process (its own process group; `stop()` ends it and its engine-core child).
 - `bench(...)`: `vllm bench serve` from the same venv (the load generator), its JSON result.
+- `StatusWatch` / `evaluations(...)`: every version of the LLMDeployment a `kubectl get --watch`
+  sees, and the correction evaluations status.observed shows in them (issue 20's predicted vs
+  observed).
 """
 
 from __future__ import annotations
@@ -27,9 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,71 +307,29 @@ def podmonitor_scrape_config(doc: dict[str, Any], scrape_interval: str = "1s") -
             "metrics_path": ep.get("path", "/metrics"), "relabel_configs": rc}
 
 
-class RelabelPrometheus:
-    """A private Prometheus whose one scrape job is the PodMonitor's (file SD in place of pod SD)."""
+def _sibling(name: str):
+    """An e2e helper module next to this one (e2e/ is not a package)."""
+    import importlib.util
+
+    key = f"e2e_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[key] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[key]
+
+
+class RelabelPrometheus(_sibling("autoscale_fleet").OwnPrometheus):
+    """A private Prometheus whose one scrape job is the PodMonitor's (file SD in place of pod SD):
+    e2e/autoscale_fleet.py's `OwnPrometheus` with that job."""
 
     def __init__(self, scrape_config: dict[str, Any], port: int | None = None, binary: str = "prometheus") -> None:
-        import shutil
-
-        self.binary = shutil.which(binary) or binary
-        self.dir = Path(tempfile.mkdtemp(prefix="meshplan-real-vllm-prom-"))
-        self.targets = self.dir / "targets"
-        self.targets.mkdir()
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.scrape_config = {**scrape_config, "file_sd_configs": [
-            {"files": [str(self.targets / "*.json")], "refresh_interval": "1s"}]}
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout_s: float = 60.0) -> "RelabelPrometheus":
-        import yaml
-
-        cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-               "scrape_configs": [self.scrape_config]}
-        (self.dir / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-        self.proc = subprocess.Popen(
-            [self.binary, f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=open(self.dir / "log", "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.3)
-        raise RuntimeError(f"prometheus did not get ready: {(self.dir / 'log').read_text()[-2000:]}")
+        super().__init__(binary=binary, port=port, scrape_job=scrape_config, prefix="meshplan-real-vllm-prom-")
 
     def register(self, name: str, address: str, sd_labels: dict[str, str]) -> None:
-        p = self.targets / f"{name}.json"
-        p.with_suffix(".tmp").write_text(json.dumps([{"targets": [address], "labels": sd_labels}]))
-        p.with_suffix(".tmp").replace(p)
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return json.loads(r.read())["data"]["result"]
-
-    def targets_api(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.url}/api/v1/targets?state=any", timeout=5) as r:
-            return json.loads(r.read())["data"]
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def cleanup(self) -> None:
-        import shutil
-
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
+        """One target with the `__meta_kubernetes_*` labels pod discovery would give it."""
+        self.add_scrape_target(name, address, sd_labels)
 
 
 # ----------------------------------------------------------------------------- the server process
@@ -439,6 +400,98 @@ class RealVllm:
             pass
 
 
+# ----------------------------------------------------------------------------- status over time
+
+
+class StatusWatch:
+    """`kubectl get llmd NAME --watch -o json`: every version of the object the API server sends
+    (so every status write of the operator, none missed between polls), stamped with this machine's
+    wall clock on arrival."""
+
+    def __init__(self, cluster: Any, namespace: str, name: str) -> None:
+        import threading
+
+        self.argv = [str(cluster.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", "get", "llmd", name,
+                     "-n", namespace, "--watch", "-o", "json"]
+        self.objects: list[tuple[float, dict[str, Any]]] = []
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+
+    def start(self) -> "StatusWatch":
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        self.thread.start()
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        buf: list[str] = []
+        for line in self.proc.stdout:
+            buf.append(line)
+            if line.rstrip("\n") == "}":          # kubectl pretty-prints: a top-level object ends at column 0
+                try:
+                    obj = json.loads("".join(buf))
+                except ValueError:
+                    continue
+                buf = []
+                with self.lock:
+                    self.objects.append((time.time(), obj))
+
+    def snapshot(self) -> list[tuple[float, dict[str, Any]]]:
+        with self.lock:
+            return list(self.objects)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def _epoch(rfc3339: str | None) -> float | None:
+    from datetime import datetime, timezone
+
+    if not rfc3339:
+        return None
+    return datetime.strptime(rfc3339, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+@dataclass
+class Evaluation:
+    """One correction evaluation as status.observed shows it (the first write that carries it)."""
+
+    n: int                          # status.observed.correctionEvaluations
+    time: float                     # status.observed.time (the evaluation's, whole seconds)
+    itl: float                      # the factors after this evaluation
+    ttft: float
+    itl_target: float | None        # this evaluation's observed p50 / predicted (what the factor moves toward)
+    ttft_target: float | None
+    observed: dict[str, Any]
+    obj: dict[str, Any]             # the whole object of that write (conditions, autoscaling, readyReplicas)
+
+
+def evaluations(objects: list[tuple[float, dict[str, Any]]]) -> list[Evaluation]:
+    """The correction's evaluations seen in a watch, in order, one per evaluation count."""
+    out: dict[int, Evaluation] = {}
+    for _, o in objects:
+        obs = (o.get("status") or {}).get("observed") or {}
+        n = obs.get("correctionEvaluations")
+        if not isinstance(n, int) or n <= 0 or n in out or obs.get("itlCorrection") is None:
+            continue
+
+        def target(kind: str) -> float | None:
+            seen, pred = obs.get(f"{kind}P50Ms"), obs.get(f"predicted{kind[0].upper()}{kind[1:]}Ms")
+            return seen / pred if seen and pred else None
+        out[n] = Evaluation(n=n, time=_epoch(obs.get("time")) or 0.0, itl=obs["itlCorrection"],
+                            ttft=obs["ttftCorrection"], itl_target=target("itl"), ttft_target=target("ttft"),
+                            observed=obs, obj=o)
+    return [out[n] for n in sorted(out)]
+
+
 # ----------------------------------------------------------------------------- the load generator
 
 
@@ -500,5 +553,6 @@ class Bench:
                     pass
 
 
-__all__ = ["Bench", "Launch", "RealVllm", "RelabelPrometheus", "cpu_launch", "engine_python", "pod_sd_labels",
+__all__ = ["Bench", "Evaluation", "Launch", "RealVllm", "RelabelPrometheus", "StatusWatch", "cpu_launch",
+           "engine_python", "evaluations", "pod_sd_labels",
            "podmonitor_scrape_config", "write_tiny_model"]

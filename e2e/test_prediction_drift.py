@@ -3,8 +3,8 @@
 
 The fleet (`e2e/autoscale_fleet.py`, `scaled_prediction_model`) is a fake engine, the only one that
 can run here at GPU speed: it stands for a real engine k times slower than the planner predicted.
-(The real CPU vLLM server of the engine-conformance issue plugs in the same way: point the
-deployment's Prometheus at it instead of the exporter; everything asserted below reads only status.)
+(e2e/test_real_vllm.py checks the same on the real CPU vLLM server of the engine-conformance issue,
+whose ratio to the prediction is whatever the load makes it, cross-checked against our own PromQL.)
 
 Asserted:
 - status.observed shows the fleet's percentiles (p50 ~ k x predicted ITL/TTFT) next to the plan's

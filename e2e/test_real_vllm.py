@@ -31,6 +31,27 @@ Issue 15, Build item 3. What is real and what stands in:
   the autoscaler's own observed ratios while the server serves one request at a time, and the load
   generator's p99 of the same run, as ratios to the SLO; up = 3x the larger baseline ratio (at most 10, the API's bound), down = half of up. During the baseline the
   thresholds are parked at up 10 / down 0.1, so nothing scales before they are chosen.
+
+Predicted against observed on the same run (issue 20, Done when; `check_observed_and_drift`): a
+`kubectl get --watch` (`real_vllm.StatusWatch`) records every status write, so every correction
+evaluation is seen. The load stays on until both correction factors have reached the load's
+observed/predicted ratio (about a rate window, 30 s, longer than before), then:
+- status.observed is the real server's: TTFT/ITL at the SLO percentile and p50/p99 and tokens/s per GPU
+  agree (within 10 %) with our own `histogram_quantile` / `rate` over the same Prometheus at the
+  evaluation's second (status.observed.time, whole seconds) and the next; tokens/s per user is 1 / ITL p50;
+  the predictions beside them are status.plan.predicted;
+- every evaluation moves each factor from its previous value toward that evaluation's observed p50 /
+  predicted, never past it (the EWMA in log space: 0.01 slack for the status' rounding);
+- each factor converges (within 10 % of its evaluation's target) within the bound stated in
+  `convergence` (evaluations_to_converge from the factor before the load's ratio settled, + 1; at most 8)
+  and the load's TTFT ratio is far above the 1.5x threshold (a CPU engine against a GB200 plan);
+- PredictionDrift turned True / ObservedSlowerThanPredicted, its message's factors those of the
+  evaluation it names;
+- the autoscaler's per-replica capacity is the corrected one: status.observed.capacityRps is Little's law
+  over the corrected latencies (predictedCapacityRps x (TTFT + out x ITL) / (fT TTFT + out x fI ITL)), far
+  below the predicted, and each decision's message quotes it (or the policy's learned capacity when lower).
+The drift is evaluated with every autoscaler evaluation (upWindowSeconds / 4 = 2.5 s here), so no setting
+had to be added to make it fast enough for e2e.
 """
 
 from __future__ import annotations
@@ -38,7 +59,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
 import os
+import re
 import sys
 import time
 from datetime import datetime, timezone
@@ -47,6 +70,9 @@ from typing import Any, Callable
 
 import pytest
 import yaml
+
+from meshplan.autoscale import drift
+from meshplan.controller.autoscaling import rate_window_s
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,6 +94,11 @@ NAME = "llama-8b"
 UP_WINDOW_S, DOWN_WINDOW_S, COOLDOWN_S = 10, 20, 10
 MAX_REPLICAS = 3
 CAPTURE_ENV = "MESHPLAN_CAPTURE_VLLM_METRICS"   # path: write the server's /metrics after the load
+# The autoscaler's rate/quantile window for UP_WINDOW_S (controller.autoscaling.rate_window_s: 2 x the up
+# window within [30 s, 2 m]); status.observed's percentiles are over it, so is the PromQL cross-check.
+RATE_WINDOW_S = int(rate_window_s(UP_WINDOW_S))
+CONVERGED = 0.10           # "converged": the factor within 10 % of its evaluation's observed/predicted
+PROMQL_TOLERANCE = 0.10    # status.observed against our own PromQL at the evaluation's second (and the next)
 
 
 def manifest(up: float, down: float) -> dict[str, Any]:
@@ -154,6 +185,11 @@ def _wait(pred: Callable[[], Any], timeout_s: float, what: str, show: Callable[[
     return v
 
 
+def _first_write(watch, pred: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+    """The first version of the object the watch saw for which `pred` holds."""
+    return next((o for _, o in watch.snapshot() if pred(o)), None)
+
+
 def _pods(cluster) -> list[dict[str, Any]]:
     r = cluster.kubectl("get", "pods", "-n", NS, "-l", f"meshplan.dev/deployment={NAME}", "-o", "json")
     return json.loads(r.stdout)["items"]
@@ -161,6 +197,181 @@ def _pods(cluster) -> list[dict[str, Any]]:
 
 def _ready(p: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or [])
+
+
+def _log_dist(a: float, b: float) -> float:
+    return abs(math.log(a) - math.log(b))
+
+
+SETTLED_EVALUATIONS = 3    # evaluations with a rate window full of load that give the load's steady ratio
+
+
+def _tracks(e, prev, kind: str) -> bool:
+    """The factor is within CONVERGED of its evaluation's target, plus that evaluation's own move of the
+    target: a real engine's ratio keeps moving (the queue builds, the shared CPUs' speed varies), and any
+    average lags a moving target by about its move (with weight 1/2 the log distance after an evaluation
+    is half of the distance before plus the target's move)."""
+    r = getattr(e, f"{kind}_target")
+    r0 = getattr(prev, f"{kind}_target", None) if prev is not None else None
+    move = _log_dist(r, r0) if r0 else 0.0
+    return _log_dist(getattr(e, kind), r) <= math.log1p(CONVERGED) + move
+
+
+def convergence(evs: list, t_load: float, t_full: float) -> dict[str, Any]:
+    """Where each correction factor reached the load's observed/predicted ratio, and its bound.
+
+    The load's steady ratio per factor, `steady`: the median target (p50 / predicted) of the evaluations
+    whose rate window holds only load (evaluation time >= t_full), once SETTLED_EVALUATIONS exist.
+    `first`: the first evaluation under load (time >= t_load) whose target is within CONVERGED of
+    `steady` (the observed ratio itself steps up over a few evaluations: the queue builds). `bound`:
+    what `update_correction`'s geometric approach needs from the factor before `first` to `first`'s
+    target (`drift.evaluations_to_converge`, within CONVERGED), + 1 evaluation for the target's own
+    noise under a real load; at most evaluations_to_converge(MAX/MIN factor) + 1 = 8 for any step.
+    `at`: the first evaluation from `first` on whose factor tracks its target (`_tracks`).
+    """
+    lim = math.log1p(CONVERGED)
+    out: dict[str, Any] = {"converged": False, "steady": {}, "first": {}, "at": {}, "bound": {}, "took": {}}
+    full = [e for e in evs if e.time >= t_full and e.itl_target and e.ttft_target]
+    if len(full) < SETTLED_EVALUATIONS:
+        return out
+    by_n = {e.n: e for e in evs}
+    for kind in ("itl", "ttft"):
+        steady = sorted(getattr(e, f"{kind}_target") for e in full)[len(full) // 2]
+        load = [e for e in evs if e.time >= t_load and getattr(e, f"{kind}_target")]
+        first = next((e for e in load if _log_dist(getattr(e, f"{kind}_target"), steady) <= lim), None)
+        if first is None:
+            return out
+        before = [e for e in evs if e.n < first.n]
+        f0 = getattr(before[-1], kind) if before else 1.0
+        bound = drift.evaluations_to_converge(getattr(first, f"{kind}_target") / f0, CONVERGED) + 1
+        at = next((e for e in load if e.n >= first.n and _tracks(e, by_n.get(e.n - 1), kind)), None)
+        if at is None:
+            return out
+        out["steady"][kind], out["first"][kind], out["at"][kind], out["bound"][kind] = steady, first, at, bound
+        out["took"][kind] = at.n - first.n + 1
+    out["converged"] = True
+    out["last"] = full[-1]
+    return out
+
+
+def _cond(o: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in (o.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+
+def check_observed_and_drift(cluster, prom, watch, conv: dict[str, Any], t_load_wall: float,
+                             mark: Callable[[str], None]) -> None:
+    """Issue 20's Done-when on the real server: status.observed is its real percentiles (checked against
+    our own PromQL over the same Prometheus), PredictionDrift fired with its numbers, the correction moved
+    toward observed/predicted every evaluation and converged within its bound, and the autoscaler's
+    per-replica capacity is the corrected one."""
+    objects = watch.snapshot()
+    evs = rv.evaluations(objects)
+    print("[real-vllm] correction by evaluation (n, t s after the load reached the server: ITL x (target), "
+          "TTFT x (target)): " + "; ".join(
+              f"{e.n} @{e.time - t_load_wall:+.0f}s: {e.itl:.3g} ({e.itl_target or float('nan'):.3g}), "
+              f"{e.ttft:.3g} ({e.ttft_target or float('nan'):.3g})" for e in evs))
+
+    # -- converged within the stated bound, to the load's ratio, which is far off the prediction
+    for kind in ("itl", "ttft"):
+        at = conv["at"][kind]
+        assert conv["took"][kind] <= conv["bound"][kind] <= 8, (kind, conv)
+        assert _tracks(at, {e.n: e for e in evs}.get(at.n - 1), kind), (kind, at)
+    assert conv["steady"]["ttft"] > 1.0 + drift.DRIFT_THRESHOLD, conv     # a CPU engine under load: slower
+    at = conv["last"]               # the newest evaluation of a window full of load: for the checks below
+
+    # -- every evaluation moves each factor toward that evaluation's observed/predicted (never past it)
+    by_n = {e.n: e for e in evs}
+    pairs = [(by_n[n - 1], e) for n, e in by_n.items() if n - 1 in by_n]
+    slack = 0.01                      # the status' rounding (factors to 4 decimals, p50 to 0.01 ms)
+    for a, b in pairs:
+        for kind in ("itl", "ttft"):
+            f0, f1, r = getattr(a, kind), getattr(b, kind), getattr(b, f"{kind}_target")
+            if r is None:
+                assert _log_dist(f0, f1) <= slack, (kind, a, b)          # nothing observed: unchanged
+                continue
+            lo, hi = sorted((math.log(f0), math.log(r)))
+            assert lo - slack <= math.log(f1) <= hi + slack, (kind, f0, f1, r, a.n, b.n)
+            assert _log_dist(f1, r) <= _log_dist(f0, r) + slack, (kind, f0, f1, r)
+    load_pairs = [p for p in pairs if p[1].time >= t_load_wall]
+    assert len(pairs) >= 6 and len(load_pairs) >= 4, [(a.n, b.n) for a, b in pairs]
+
+    # -- status.observed is the server's real percentiles: our own PromQL over the same Prometheus
+    obs, o = at.observed, at.obj
+    w = f"{RATE_WINDOW_S}s"
+    sel = f'namespace="{NS}",meshplan_dev_deployment="{NAME}"'
+    plan = o["status"]["plan"]
+    gpus = o["status"]["readyReplicas"] * plan["gpusPerReplica"]
+    queries = {
+        "itlP50Ms": (f"histogram_quantile(0.5, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{{{sel}}}[{w}])))", 1000.0),
+        "itlP99Ms": (f"histogram_quantile(0.99, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{{{sel}}}[{w}])))", 1000.0),
+        "ttftP50Ms": (f"histogram_quantile(0.5, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{sel}}}[{w}])))", 1000.0),
+        "ttftP99Ms": (f"histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{sel}}}[{w}])))", 1000.0),
+        "tokensPerSecondPerGpu": (f"sum(rate(vllm:generation_tokens_total{{{sel}}}[{w}]))", 1.0 / gpus),
+    }
+    assert obs["percentile"] == 99                       # the SLO's: itlMs / ttftMs are the p99 again
+    queries["itlMs"], queries["ttftMs"] = queries["itlP99Ms"], queries["ttftP99Ms"]
+    checked = {}
+    for field_, (q, scale) in queries.items():
+        vals = [float(r[0]["value"][1]) * scale for r in (prom.query(q, at=at.time + d) for d in (0, 1)) if r]
+        assert vals and all(math.isfinite(v) for v in vals), (field_, q, vals)
+        lo, hi = min(vals) / (1 + PROMQL_TOLERANCE), max(vals) * (1 + PROMQL_TOLERANCE)
+        assert lo <= obs[field_] <= hi, (field_, obs[field_], vals, q)
+        checked[field_] = (obs[field_], [round(v, 2) for v in vals])
+    assert obs["tokensPerSecondPerUser"] == pytest.approx(1000.0 / obs["itlP50Ms"], rel=0.01), obs
+    assert obs["itlP99Ms"] >= obs["itlP50Ms"] and obs["ttftP99Ms"] >= obs["ttftP50Ms"]
+    mark(f"status.observed at evaluation {at.n} against PromQL at its second (and the next): {checked}; "
+         f"tokens/s per user {obs['tokensPerSecondPerUser']} (1 / ITL p50)")
+
+    # -- next to the plan's predictions; the factors' targets are exactly observed p50 / those
+    pred = plan["predicted"]
+    assert obs["predictedItlMs"] == pytest.approx(pred["itlMs"], abs=0.01)
+    assert obs["predictedTtftMs"] == pytest.approx(pred["ttftMs"], abs=0.1)
+    assert obs["predictedTokensPerSecondPerGpu"] == pytest.approx(pred["tokensPerSecondPerGpu"], abs=0.01)
+    mark(f"predicted (status.plan.predicted, layout {plan.get('layout')}): TTFT {pred['ttftMs']} ms, ITL "
+         f"{pred['itlMs']} ms, {pred['tokensPerSecondPerGpu']} tokens/s per GPU; observed p50 TTFT "
+         f"{obs['ttftP50Ms']} ms, ITL {obs['itlP50Ms']} ms, {obs['tokensPerSecondPerGpu']} tokens/s per GPU")
+
+    # -- PredictionDrift turned True, slower than predicted, with the numbers of an evaluation seen
+    drifts = [(t, _cond(x, drift.COND_PREDICTION_DRIFT)) for t, x in objects]
+    slow = [(t, c) for t, c in drifts if c.get("status") == "True" and c.get("reason") == "ObservedSlowerThanPredicted"]
+    assert slow, sorted({(c.get("status"), c.get("reason")) for _, c in drifts})
+    assert drifts[0][1].get("status") != "True" or drifts[0][1].get("reason") != "ObservedSlowerThanPredicted"
+    t_drift, c = slow[-1]
+    m = re.search(r"observed/predicted: ITL x([0-9.e+-]+), TTFT x([0-9.e+-]+) over (\d+) evaluation", c["message"])
+    assert m, c
+    e = by_n.get(int(m.group(3)))
+    assert e is not None, (c, sorted(by_n))
+    assert float(m.group(1)) == pytest.approx(e.itl, rel=0.01) and float(m.group(2)) == pytest.approx(e.ttft, rel=0.01)
+    assert max(e.itl, e.ttft) > 1.0 + drift.DRIFT_THRESHOLD
+    steps = [(t, (x.get("status"), x.get("reason"))) for t, x in drifts]
+    changes = [f"{st}/{r} @{t - t_load_wall:+.0f}s" for i, (t, (st, r)) in enumerate(steps)
+               if i == 0 or steps[i - 1][1] != (st, r)]
+    mark(f"PredictionDrift over time (s after the load reached the server): {', '.join(changes)}; last: {c['message']}")
+
+    # -- the autoscaler's per-replica capacity is the corrected one: Little's law over the corrected
+    # latencies (status.observed.capacityRps), and the decision's message quotes it (or the policy's
+    # learned capacity, whichever is lower: policy._per_replica_rps)
+    out_tokens = manifest(1, 0.5)["spec"]["workload"]["outputTokens"]
+    quoted = []
+    for ev in [x for x in evs if x.time >= t_load_wall]:
+        ob = ev.observed
+        service = pred["ttftMs"] + out_tokens * pred["itlMs"]
+        corrected = ev.ttft * pred["ttftMs"] + out_tokens * ev.itl * pred["itlMs"]
+        assert ob["capacityRps"] == pytest.approx(ob["predictedCapacityRps"] * service / corrected, rel=0.01), ob
+        a = _auto(ev.obj)
+        q = re.search(r"([0-9.eE+-]+) req/s per replica at SLO", a.get("reason", ""))
+        if q:
+            learned = a.get("learnedCapacityRps")
+            expect = min(ob["capacityRps"], learned) if isinstance(learned, (int, float)) else ob["capacityRps"]
+            assert float(q.group(1)) == pytest.approx(expect, rel=0.01), (q.group(1), ob, a)
+            quoted.append((ev.n, float(q.group(1)), ob["capacityRps"], learned))
+    assert quoted, [(_auto(x.obj).get("reason") or "")[:200] for x in evs[-5:]]
+    # ... and before the policy learned a capacity of its own, the corrected figure itself, below the plan's
+    assert any(lr is None and q == pytest.approx(c, rel=0.01) and c < at.observed["predictedCapacityRps"] /
+               (1 + drift.DRIFT_THRESHOLD) for _, q, c, lr in quoted), quoted
+    assert at.observed["capacityRps"] < at.observed["predictedCapacityRps"] / (1 + drift.DRIFT_THRESHOLD), at.observed
+    mark(f"capacity per replica: predicted {at.observed['predictedCapacityRps']} req/s, corrected "
+         f"{at.observed['capacityRps']} req/s; the decisions quote (n, quoted, corrected, learned) {quoted[:2] + quoted[-2:]}")
 
 
 def test_real_vllm_serves_is_scraped_with_podmonitor_labels_and_is_autoscaled(
@@ -177,6 +388,8 @@ def test_real_vllm_serves_is_scraped_with_podmonitor_labels_and_is_autoscaled(
         cluster.kubectl("create", "secret", "generic", "hf-token", "-n", NS,
                         "--from-literal=token=hf_e2e_not_a_real_token")
         cluster.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(manifest(up=10.0, down=0.1)))
+        watch = rv.StatusWatch(cluster, NS, NAME).start()      # every status write, for the drift checks
+        procs.append(watch)
         model_dir = rv.tiny_model_dir()
         cfg = rv.write_tiny_model(model_dir)
         mark(f"tiny model written ({cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
@@ -264,10 +477,13 @@ def test_real_vllm_serves_is_scraped_with_podmonitor_labels_and_is_autoscaled(
         cluster.kubectl("patch", "llmd", NAME, "-n", NS, "--type=merge", "-p", json.dumps(
             {"spec": {"autoscaling": {"upThreshold": up, "downThreshold": down}}}))
 
-        # Load: far more concurrent requests than --max-num-seqs, so they queue inside vLLM. 1200 prompts
-        # outlast the phase (~12 req/s measured here); the generator samples them all before sending.
+        # Load: far more concurrent requests than --max-num-seqs, so they queue inside vLLM. The generator
+        # samples all prompts before sending (seconds per thousand), so the load is made long by the output
+        # (the spec's outputTokens, 256), not by more prompts: 1200 x 256 tokens outlast the phase, which
+        # ends when the correction has converged (measured: 2,200 output tokens/s at best, i.e. >= 140 s).
         max_seqs = int(rendered[rendered.index("--max-num-seqs") + 1])
-        load = rv.Bench(server, served, model_dir, bench_dir, input_len=256, output_len=64, num_prompts=1200,
+        load = rv.Bench(server, served, model_dir, bench_dir, input_len=256,
+                        output_len=manifest(1, 0.5)["spec"]["workload"]["outputTokens"], num_prompts=1200,
                         request_rate="inf", max_concurrency=4 * max_seqs, label="load").start()
         procs.append(load)
         mark(f"load: {4 * max_seqs} concurrent requests (--max-num-seqs {max_seqs})")
@@ -279,8 +495,10 @@ def test_real_vllm_serves_is_scraped_with_podmonitor_labels_and_is_autoscaled(
         t_load = time.monotonic()
         t_load_wall = time.time()
         mark("load reached the server (requests waiting)")
-        o = _wait(lambda: (lambda o: o if _auto(o).get("toReplicas", 1) >= 2 else None)(_get(cluster, "llmd", NAME)),
-                  150, "a scale-up under load", lambda: _auto(_get(cluster, "llmd", NAME)))
+        # The decision's own status write, from the watch: while the correction moves, every evaluation
+        # writes status, so a poll can read the next evaluation's (from 3 to 3) instead.
+        o = _wait(lambda: _first_write(watch, lambda o: _auto(o).get("toReplicas", 1) >= 2), 150,
+                  "a scale-up under load", lambda: _auto(_get(cluster, "llmd", NAME)))
         a = _auto(o)
         mark(f"scaled up 1 -> {a['toReplicas']} {time.monotonic() - t_load:.0f}s into the load: {a['reason'][:300]}; "
              f"observed p99 TTFT {a.get('observedTtftMs')} ms, ITL {a.get('observedItlMs')} ms, "
@@ -298,16 +516,34 @@ def test_real_vllm_serves_is_scraped_with_podmonitor_labels_and_is_autoscaled(
         mark(f"{peak} replica groups Ready (replica 0 real, the others kwok pods)")
         assert _get(cluster, "pod", leader["metadata"]["name"])["metadata"]["uid"] == uid, \
             "the threshold patch or the scale-up replaced the real server's pod"
+        # Predicted vs observed (issue 20): keep the load on until the correction factors reached the
+        # load's observed/predicted ratio (a rate window full of load, then the bounded evaluations).
+        t_full = t_load_wall + RATE_WINDOW_S
+        conv = _wait(lambda: (lambda c: c if c["converged"] else None)(
+                         convergence(rv.evaluations(watch.snapshot()), t_load_wall, t_full)),
+                     RATE_WINDOW_S + 90, "the correction factors converging under load",
+                     lambda: {"load running": load.running(), "last": [
+                         (e.n, e.itl, e.itl_target, e.ttft, e.ttft_target)
+                         for e in rv.evaluations(watch.snapshot())[-6:]]})
+        assert load.running(), "the load ended before the correction converged (its target was the load's)"
+        mark("correction converged under load: " + "; ".join(
+            f"{k.upper()} x{conv['at'][k].__dict__[k]} at evaluation {conv['at'][k].n} (target "
+            f"x{conv['at'][k].__dict__[k + '_target']:.3g}; steady x{conv['steady'][k]:.3g}), {conv['took'][k]} "
+            f"evaluation(s) after the observed ratio settled at evaluation {conv['first'][k].n} (bound {conv['bound'][k]})"
+            for k in ("itl", "ttft")))
         load.stop()
         mark("load stopped")
+        check_observed_and_drift(cluster, prom, watch, conv, t_load_wall, mark)
         if os.environ.get(CAPTURE_ENV):
             Path(os.environ[CAPTURE_ENV]).write_text(server.metrics())
 
-        o = _wait(lambda: (lambda o: o if _auto(o).get("toReplicas") == 1 and
-                           (o.get("status") or {}).get("desiredReplicas") == 1 else None)(_get(cluster, "llmd", NAME)),
+        o = _wait(lambda: _first_write(watch, lambda o: _auto(o).get("toReplicas") == 1 and
+                                       (_auto(o).get("fromReplicas") or 0) >= 2),
                   30 + DOWN_WINDOW_S + 60, "the scale-down to 1 after the load",
                   lambda: _auto(_get(cluster, "llmd", NAME)))
         a = _auto(o)
+        _wait(lambda: (_get(cluster, "llmd", NAME).get("status") or {}).get("desiredReplicas") == 1, 30,
+              "status.desiredReplicas 1 after the scale-down", lambda: _get(cluster, "llmd", NAME).get("status"))
         mark(f"scaled down -> 1: {a['reason'][:300]}")
         assert a["metricsHealthy"] is True
         t_scaled = datetime.strptime(a["lastScaleTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
