@@ -108,6 +108,10 @@ def kv_path(gpu: Any, prefill: Layout, decode: Layout, units: int, fleet: Any = 
                    f"network block ({in_blocks}): the KV cache moves over TCP")
     if tier.kind == "tcp" and tier.gb_s <= 0:
         tier = Tier("tcp", TCP_GB_S, TCP_LATENCY_US, TCP_SOURCE)
+    if tier.gb_s <= 0:      # a GPU passed as a spec, not in the catalogue: the same figures from the spec itself
+        nv = tier.kind in ("nvlink", "pcie") and getattr(gpu, "nvlink_domain", 1) > 1
+        tier = Tier(tier.kind, gpu.nvlink_uni_gb_s if nv else gpu.nic_gb_s, tier.latency_us,
+                    f"{name}: {'NVLink' if nv else 'NIC'} bandwidth of the given GPU spec; latency as {tier.source}")
     ms = (kv_bytes / (tier.gb_s * 1e9 * eff) * 1e3 if kv_bytes else 0.0) + tier.latency_us / 1e3
     return KvPath(tier.kind, tier.gb_s, tier.latency_us, kv_bytes, ms, tier.source, why)
 
