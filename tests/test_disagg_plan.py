@@ -20,9 +20,9 @@ from meshplan.planner.types import SLO, Layout, Workload
 
 R1 = get_model("deepseek-r1")
 H200 = get_gpu("h200")
-LONG = Workload(isl=16384, osl=1024)
+LONG = Workload(isl=8192, osl=1024)
 SHORT = Workload(isl=128, osl=512)
-STRICT = SLO(itl_ms=20)
+STRICT = SLO(itl_ms=15)
 
 
 def test_kv_path_tier_follows_the_topology():
@@ -104,17 +104,19 @@ def test_disabled_returns_the_aggregated_plan():
 
 
 def test_auto_picks_disaggregated_for_long_prompts_with_a_strict_itl():
-    d = plan_disagg(R1, H200, mode="auto", max_gpus=64, workload=LONG, slo=STRICT, objective="maxThroughput",
+    d = plan_disagg(R1, H200, mode="auto", max_gpus=64, workload=LONG, slo=STRICT, objective="balanced",
                     engine="trtllm")
     a = d.aggregated.choice
     assert d.disaggregated and d.choice is not None and a is not None
     assert d.choice.prediction.tpot_ms <= STRICT.itl_ms and a.prediction.tpot_ms <= STRICT.itl_ms
-    assert d.choice.prediction.tokens_per_s_per_gpu > a.prediction.tokens_per_s_per_gpu
+    # balanced: both normalised by the same best values, so the larger tokens/s/GPU x tokens/s/user wins
+    pd, pa = d.choice.prediction, a.prediction
+    assert pd.tokens_per_s_per_gpu * pd.tokens_per_s_per_user > pa.tokens_per_s_per_gpu * pa.tokens_per_s_per_user
     # the reason gives both sides' figures and the gain
     assert "disaggregated" in d.reason and "than aggregated" in d.reason
-    assert f"{d.choice.prediction.tokens_per_s_per_gpu:,.1f} tokens/s/GPU" in d.reason
-    assert f"{a.prediction.tokens_per_s_per_gpu:,.1f} tokens/s/GPU" in d.reason
-    gain = d.choice.prediction.tokens_per_s_per_gpu / a.prediction.tokens_per_s_per_gpu
+    assert f"{pd.tokens_per_s_per_gpu:,.1f} tokens/s/GPU" in d.reason
+    assert f"{pa.tokens_per_s_per_gpu:,.1f} tokens/s/GPU" in d.reason
+    gain = pd.tokens_per_s_per_gpu / pa.tokens_per_s_per_gpu
     assert f"{gain:.2f}x the tokens/s/GPU" in d.reason
     # per-role figures: the prefill role's TTFT includes the KV transfer, the decode role's ITL is the ITL
     assert d.choice.prefill.prediction.ttft_ms >= d.choice.prefill.prediction.prefill_ms + d.choice.kv_path.transfer_ms
@@ -122,16 +124,28 @@ def test_auto_picks_disaggregated_for_long_prompts_with_a_strict_itl():
 
 
 def test_auto_keeps_aggregated_for_short_prompts():
-    d = plan_disagg(R1, H200, mode="auto", max_gpus=64, workload=SHORT, slo=STRICT, objective="maxThroughput",
+    d = plan_disagg(R1, H200, mode="auto", max_gpus=64, workload=SHORT, slo=SLO(itl_ms=20), objective="balanced",
                     engine="trtllm")
     a = d.aggregated.choice
     assert not d.disaggregated and a is not None
     assert d.label() == a.layout.label() + (f" x DP{a.layout.dp}" if a.layout.dp > 1 else "")
     assert "aggregated kept" in d.reason
     assert f"{a.prediction.tokens_per_s_per_gpu:,.1f} tokens/s/GPU" in d.reason
-    if d.choice is not None:        # the best disaggregated one it was compared with, figures in the reason
-        assert d.choice.prediction.tokens_per_s_per_gpu < a.prediction.tokens_per_s_per_gpu
-        assert f"{d.choice.prediction.tokens_per_s_per_gpu:,.1f} tokens/s/GPU" in d.reason
+    assert d.choice is not None      # the best disaggregated one it was compared with, figures in the reason
+    pd, pa = d.choice.prediction, a.prediction
+    assert pd.tokens_per_s_per_gpu * pd.tokens_per_s_per_user < pa.tokens_per_s_per_gpu * pa.tokens_per_s_per_user
+    assert f"{pd.tokens_per_s_per_gpu:,.1f} tokens/s/GPU" in d.reason
+
+
+def test_decode_output_is_bounded_by_the_prefill_capacity():
+    """One prefill worker for eight decode workers at 8,192-token prompts: the decode batch is not full, the
+    output rate is the prefill rate (requests/s) x OSL."""
+    wl = Workload(isl=8192, osl=256)
+    p = perf.predict_disagg(R1, H200, Layout(tp=8), Layout(tp=8), wl, weight_dtype="fp8", kv_dtype="fp8",
+                            engine="trtllm", concurrency=8 * 64, prefill_workers=1, decode_workers=8)
+    cap_per_s = 1 / (p.prefill_ms / 1e3)        # TP8: one attention rank, one request per prefill
+    assert p.tokens_per_s_per_gpu * 9 * 8 == pytest.approx(cap_per_s * wl.osl, rel=1e-6)
+    assert any("bounded by the prefill capacity" in n for n in p.notes)
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
@@ -156,8 +170,8 @@ def _manifest(tmp_path, **workload):
 
     doc = {"apiVersion": "meshplan.dev/v1alpha1", "kind": "LLMDeployment", "metadata": {"name": "r1"},
            "spec": {"model": {"name": "deepseek-r1"}, "engine": {"kind": "trtllm"},
-                    "workload": {"inputTokens": 16384, "outputTokens": 1024, **workload},
-                    "slo": {"itlMs": 20}, "objective": "maxThroughput",
+                    "workload": {"inputTokens": 8192, "outputTokens": 1024, **workload},
+                    "slo": {"itlMs": 15}, "objective": "balanced",
                     "gpus": {"products": ["h200"], "maxGpus": 64}}}
     path = tmp_path / "r1.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -171,7 +185,7 @@ def test_cli_prints_the_roles_ratio_kv_path_and_the_aggregated_comparison(tmp_pa
     assert main(["plan", path, "--disaggregation", "auto"]) == 0
     out = capsys.readouterr().out
     section = out[out.index("Disaggregation (auto): disaggregated P"):]
-    d = plan_disagg(R1, "h200", mode="auto", max_gpus=64, workload=LONG, slo=STRICT, objective="maxThroughput",
+    d = plan_disagg(R1, "h200", mode="auto", max_gpus=64, workload=LONG, slo=STRICT, objective="balanced",
                     engine="trtllm")
     assert d.label() in section.splitlines()[0] and "×" in d.label()
     assert f"P:D {d.choice.ratio}" in section
@@ -187,7 +201,7 @@ def test_cli_prints_the_roles_ratio_kv_path_and_the_aggregated_comparison(tmp_pa
     assert data["mode"] == "enabled" and data["disaggregated"] is True
     assert data["label"] == d.choice.label()
     assert data["choice"]["ratio"] == d.choice.ratio and data["choice"]["kv_path"]["tier"] == d.choice.kv_path.tier
-    assert data["choice"]["prefill"]["role_ttft_ms"] > 0 and data["choice"]["decode"]["role_itl_ms"] <= 20
+    assert data["choice"]["prefill"]["role_ttft_ms"] > 0 and data["choice"]["decode"]["role_itl_ms"] <= 15
     assert data["aggregated"]["label"].startswith(a.layout.label())
     assert data["gain_tokens_per_s_per_gpu"] == pytest.approx(
         d.choice.prediction.tokens_per_s_per_gpu / a.prediction.tokens_per_s_per_gpu)

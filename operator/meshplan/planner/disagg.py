@@ -357,10 +357,9 @@ def plan_disagg(
     if best is None:
         why = ("no disaggregated candidate meets the SLO" if cands else "no disaggregated layout pair fits the budget")
         why += f" ({len(cands):,} priced)"
-        disagg = mode == "enabled" and False
         reason = (f"{why}; " + (f"disaggregation enabled but nothing to run; {a_text}" if mode == "enabled"
                                 else f"aggregated: {a_text}"))
-        return DisaggPlan(mode, disagg, None, agg, objective, reason, (), evaluated, 0, extra)
+        return DisaggPlan(mode, False, None, agg, objective, reason, (), evaluated, 0, extra)
     d_text = f"disaggregated {describe(best)}"
     gain = ""
     if a is not None:

@@ -805,7 +805,13 @@ def predict_disagg(
         notes.append(f"decode worker runs {b_run} of {B} requests at once")
     gpus = prefill_workers * pm.gpus + decode_workers * dm.gpus
     tps_user = 1000.0 / tpot
+    # the decode workers generate no faster than the prefill workers hand them requests: at most the prefill
+    # capacity (requests/s) x OSL output tokens/s (else the running batch is not full)
+    tps_total = b_run * decode_workers * tps_user
+    if cap_per_s * osl < tps_total:
+        tps_total = cap_per_s * osl
+        notes.append(f"output tokens/s bounded by the prefill capacity ({cap_per_s:,.2f} requests/s x {osl} tokens)")
     return Prediction(ttft_ms=ttft, tpot_ms=tpot,
-                      tokens_per_s_per_gpu=b_run * decode_workers * tps_user / gpus,
+                      tokens_per_s_per_gpu=tps_total / gpus,
                       tokens_per_s_per_user=tps_user, concurrency=concurrency,
                       prefill_ms=service_ms, notes=tuple(notes))
