@@ -7,6 +7,7 @@
     meshplan plan llmd.yaml --nodes nodes.yaml --pods pods.yaml  # ... or those, offline
     meshplan plan llmd.yaml --nodes nodes.yaml --gpu-catalog my-gpus.yaml   # GPUs the catalogue lacks
     meshplan plan llmd.yaml --output json --plot frontier.png
+    meshplan plan llmd.yaml --disaggregation auto # ... and prefill/decode disaggregation, compared with it
 
 The planning itself is `meshplan.planner.plan_for_spec` (pure); this module
 only reads files or the cluster, and prints. `--plot` draws the picture of
@@ -39,6 +40,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--cross-domain", choices=("auto", "never"), default=None,
                    help="auto (default): an expert-parallel stage larger than every NVLink domain may span the "
                         "domains of one RDMA network block (wide EP); never: every stage stays in one domain")
+    p.add_argument("--disaggregation", choices=("auto", "enabled", "disabled"), default=None,
+                   help="also plan prefill/decode disaggregation (planner.disagg): auto chooses it or aggregated "
+                        "per objective, enabled the best disaggregated, disabled aggregated only")
     p.set_defaults(func=run)
 
 
@@ -163,15 +167,27 @@ def run(args: argparse.Namespace) -> int:
                 return 2
         result = plan_for_spec(llmd.spec, fleet, keep_curves=bool(args.plot),
                                cross_domain=args.cross_domain)
+        dis = None
+        if args.disaggregation:
+            from meshplan.planner.disagg import disagg_plan_for_spec
+
+            dis = disagg_plan_for_spec(llmd.spec, fleet, mode=args.disaggregation, aggregated=result,
+                                       cross_domain=args.cross_domain)
     except (ValueError, KeyError) as exc:
         print(f"meshplan plan: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
-    if args.output == "json":
-        print(json.dumps(plan_to_dict(result, rejected=args.show_rejected), indent=2))
-    elif args.output == "yaml":
-        import yaml
+    if args.output in ("json", "yaml"):
+        data = plan_to_dict(result, rejected=args.show_rejected)
+        if dis is not None:
+            from meshplan.planner.disagg import disagg_plan_to_dict
 
-        print(yaml.safe_dump(plan_to_dict(result, rejected=args.show_rejected), sort_keys=False))
+            data["disaggregation"] = disagg_plan_to_dict(dis)
+        if args.output == "json":
+            print(json.dumps(data, indent=2))
+        else:
+            import yaml
+
+            print(yaml.safe_dump(data, sort_keys=False))
     else:
         deployed = None
         if result.choice is not None:
@@ -182,10 +198,51 @@ def run(args: argparse.Namespace) -> int:
                 deployed = (f"the operator runs {n} replica(s) of {result.choice.layout.label()} ({why}), not the "
                             f"DP{result.choice.layout.dp} the search sized for spec.workload")
         print(format_table(result, show_rejected=args.show_rejected, fleet=fleet, deployed=deployed))
+        if dis is not None:
+            print(format_disagg(dis))
     if args.plot:
         plot_plan(result, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
+    if dis is not None and dis.disaggregated:
+        return 0
     return 0 if result.choice is not None else 1
+
+
+def format_disagg(d: Any) -> str:
+    """The disaggregation section of `meshplan plan --disaggregation`: the choice compactly, per-role figures,
+    the ratio, the KV path and the aggregated comparison."""
+    lines = ["", f"Disaggregation ({d.mode}): {'disaggregated' if d.disaggregated else 'aggregated'} "
+                 f"{d.label()} — {d.evaluated:,} configurations priced, {d.eligible:,} meet the SLO"]
+    c = d.choice
+    if c is not None:
+        pre, dec, k = c.prefill, c.decode, c.kv_path
+        lines += [
+            f"  {'chosen' if d.disaggregated else 'best disaggregated'}: {c.label()} on {dec.gpu}, "
+            f"{c.total_gpus} GPUs, P:D {c.ratio}",
+            f"  prefill: {pre.layout.dp} x "
+            f"{pre.layout.label()} ({pre.layout.gpus_per_replica} GPUs each): TTFT "
+            f"{pre.prediction.ttft_ms:,.0f} ms (prefill {pre.prediction.prefill_ms:,.0f} ms), "
+            f"{pre.prediction.tokens_per_s_per_gpu:,.1f} input tokens/s/GPU",
+            f"  decode:  {dec.layout.dp} x {dec.layout.label()} ({dec.layout.gpus_per_replica} GPUs each), batch "
+            f"{dec.max_num_seqs}: ITL {dec.prediction.tpot_ms:,.1f} ms, {dec.prediction.tokens_per_s_per_gpu:,.1f} "
+            f"output tokens/s/GPU, {dec.prediction.tokens_per_s_per_user:,.1f} tokens/s/user",
+            f"  overall: {c.prediction.tokens_per_s_per_gpu:,.1f} tokens/s/GPU at "
+            f"{c.prediction.tokens_per_s_per_user:,.1f} tokens/s/user (TTFT {c.prediction.ttft_ms:,.0f} ms, "
+            f"ITL {c.prediction.tpot_ms:,.1f} ms)",
+            f"  KV path: {k.tier} {k.gb_s:g} GB/s, {k.latency_us:g} µs: {k.bytes_per_request / 2**20:,.1f} MiB per "
+            f"request in {k.transfer_ms:,.2f} ms ({k.why}; {k.source})",
+        ]
+    a = d.aggregated.choice
+    if a is not None:
+        p = a.prediction
+        lines.append(f"  aggregated: {a.layout.label()}" + (f" x DP{a.layout.dp}" if a.layout.dp > 1 else "")
+                     + f" ({a.layout.total_gpus} GPUs): {p.tokens_per_s_per_gpu:,.1f} tokens/s/GPU at "
+                       f"{p.tokens_per_s_per_user:,.1f} tokens/s/user (TTFT {p.ttft_ms:,.0f} ms, ITL "
+                       f"{p.tpot_ms:,.1f} ms)")
+    lines.append(f"  why: {d.reason}")
+    for n in d.extra.get("notes", []):
+        lines.append(f"  note: {n}")
+    return "\n".join(lines)
 
 
 _TABLE_ROWS = 25        # frontier rows printed (json/yaml carry every point)

@@ -737,6 +737,8 @@ def predict_disagg(
     engine: str = "trtllm",
     params: PerfParams | dict | None = None,
     memory_fraction: float = 0.9,
+    kv_gb_s: float | None = None,
+    kv_latency_us: float = 0.0,
 ) -> Prediction:
     """Prefill/decode disaggregated serving: `prefill_workers` replicas of `prefill`
     feed `decode_workers` replicas of `decode`; `concurrency` is the total in flight.
@@ -748,6 +750,12 @@ def predict_disagg(
     the other requests released with it per prefill rank) + KV transfer, the same
     wave model as aggregated serving; when prefill is the bottleneck the loop
     slows to its capacity and TTFT = concurrency / capacity - OSL * TPOT.
+
+    The KV cache of each request (ISL tokens of the whole model) moves from the prefill to the decode
+    worker over one link: `kv_gb_s` / `kv_latency_us` are the tier of the path between them
+    (`meshplan.topology.Tier`: NVLink inside a domain, RDMA inside a network block, TCP beyond;
+    `planner.disagg.kv_path` decides which); without them the GPU's NIC (`gpu.nic_gb_s`, no latency),
+    as the calibration set's runs (one RDMA fabric) were priced.
     """
     q = _params(params)
     pm, dm = as_mapping(prefill), as_mapping(decode)
@@ -778,7 +786,8 @@ def predict_disagg(
     service_ms = pm.pp * iteration_ms(model, pst, pm, q, 0.0, 0.0, tokens, isl / 2.0) * n_iter
     cap_per_s = prefill_workers * pm.attn_dp * per_iter_reqs / (service_ms / 1e3)
     kv_bytes = isl * mem.kv_bytes_per_token(model, ReplicaMapping(), kv_dtype, include_sliding=True)
-    xfer_ms = kv_bytes / (gpu.nic_gb_s * 1e9 * q.comm_eff) * 1e3
+    link_gb_s = gpu.nic_gb_s if kv_gb_s is None else kv_gb_s
+    xfer_ms = kv_bytes / (link_gb_s * 1e9 * q.comm_eff) * 1e3 + kv_latency_us / 1e3
     cycle_ms = service_ms + xfer_ms + osl * tpot
     x = concurrency / (cycle_ms / 1e3)
     notes = []
@@ -796,7 +805,13 @@ def predict_disagg(
         notes.append(f"decode worker runs {b_run} of {B} requests at once")
     gpus = prefill_workers * pm.gpus + decode_workers * dm.gpus
     tps_user = 1000.0 / tpot
+    # the decode workers generate no faster than the prefill workers hand them requests: at most the prefill
+    # capacity (requests/s) x OSL output tokens/s (else the running batch is not full)
+    tps_total = b_run * decode_workers * tps_user
+    if cap_per_s * osl < tps_total:
+        tps_total = cap_per_s * osl
+        notes.append(f"output tokens/s bounded by the prefill capacity ({cap_per_s:,.2f} requests/s x {osl} tokens)")
     return Prediction(ttft_ms=ttft, tpot_ms=tpot,
-                      tokens_per_s_per_gpu=b_run * decode_workers * tps_user / gpus,
+                      tokens_per_s_per_gpu=tps_total / gpus,
                       tokens_per_s_per_user=tps_user, concurrency=concurrency,
                       prefill_ms=service_ms, notes=tuple(notes))

@@ -196,3 +196,80 @@ class Plan:
     gpu: str = ""
     model: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class KvPath:
+    """The path a request's KV cache takes from its prefill worker to its decode worker (`planner.disagg`)."""
+
+    tier: str                             # "nvlink" | "pcie" | "ib" | "roce" | "efa" | "tcp"
+    gb_s: float                           # link bandwidth, one direction, GB/s
+    latency_us: float
+    bytes_per_request: float              # the ISL tokens' KV cache of the whole model
+    transfer_ms: float                    # priced per request (part of TTFT)
+    source: str                           # where bandwidth and latency come from
+    why: str = ""                         # why this tier (domain sizes, network block, no RDMA)
+
+
+@dataclass(frozen=True)
+class DisaggCandidate:
+    """Prefill/decode disaggregated serving: `prefill.layout.dp` prefill workers feed `decode.layout.dp`
+    decode workers. Per role: `prefill.prediction` carries the TTFT (queue + prefill + KV transfer) and the
+    input tokens/s per prefill GPU; `decode.prediction` the ITL, the output tokens/s per decode GPU and per
+    user. `prediction` is the whole deployment's (tokens/s per GPU over all its GPUs)."""
+
+    prefill: Candidate
+    decode: Candidate
+    prediction: Prediction
+    kv_path: KvPath
+
+    @property
+    def prefill_workers(self) -> int:
+        return self.prefill.layout.dp
+
+    @property
+    def decode_workers(self) -> int:
+        return self.decode.layout.dp
+
+    @property
+    def total_gpus(self) -> int:
+        return self.prefill.layout.total_gpus + self.decode.layout.total_gpus
+
+    @property
+    def ratio(self) -> str:
+        """Prefill to decode workers, e.g. `2:1`."""
+        return f"{self.prefill_workers}:{self.decode_workers}"
+
+    def label(self) -> str:
+        """Compact, e.g. `P2×TP4 + D1×EP16`."""
+        return (f"P{self.prefill_workers}×{self.prefill.layout.label()} + "
+                f"D{self.decode_workers}×{self.decode.layout.label()}")
+
+
+@dataclass(frozen=True)
+class DisaggPlan:
+    """The planner's answer on disaggregation (`planner.disagg.plan_disagg`).
+
+    `mode` "auto" | "enabled" | "disabled"; `disaggregated` says what was chosen; `choice` is the best
+    disaggregated candidate (also when aggregated won under `auto`, for the comparison; None when disabled
+    or none meets the SLO); `aggregated` is the aggregated plan it was compared with."""
+
+    mode: str
+    disaggregated: bool
+    choice: DisaggCandidate | None
+    aggregated: Plan
+    objective: Objective
+    reason: str
+    alternatives: tuple[DisaggCandidate, ...] = ()
+    evaluated: int = 0
+    eligible: int = 0
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def label(self) -> str:
+        """What runs, compactly: `P2×TP4 + D1×EP16`, or the aggregated layout `TP8 x DP4`."""
+        if self.disaggregated and self.choice is not None:
+            return self.choice.label()
+        c = self.aggregated.choice
+        if c is None:
+            return "none"
+        return c.layout.label() + (f" x DP{c.layout.dp}" if c.layout.dp > 1 else "")
