@@ -317,7 +317,8 @@ def test_the_plan_hash_changes_with_the_all_to_all_and_not_for_plans_without_one
     from meshplan.render import POD_TEMPLATE_VERSION
 
     added = {"load_format": None, "weights_refusal": "", "weights_env": (), "volumes": (), "volume_mounts": (),
-             "num_experts": 0, "max_model_len_why": "", "speculative": None}
+             "num_experts": 0, "max_model_len_why": "", "speculative": None,
+             "disagg": None}   # disagg: issue 19, hashed only when a role is set
     strip = lambda o: {k: v for k, v in dataclasses.asdict(o).items()  # noqa: E731
                        if k != "model_name" and not (k in added and v == added[k])}
     doc = {"pod_template": POD_TEMPLATE_VERSION, "layout": dataclasses.asdict(plain.layout),

@@ -54,6 +54,17 @@ def _simulate_cuda():
 
 _simulate_cuda()
 
+# The pod's RDMA devices, simulated like the GPU: SGLang checks --disaggregation-ib-device against the HCAs in
+# /sys/class/infiniband (arg_groups/validation_hook.py); this machine has none, so that one directory answers the
+# HCA names the case's pod is given (case "hcas"; empty: no such directory, as on a node without RDMA).
+import os as _os
+
+IB_SYSFS = "/sys/class/infiniband"
+HCAS: list = []
+_isdir, _listdir = _os.path.isdir, _os.listdir
+_os.path.isdir = lambda p: bool(HCAS) if str(p).rstrip("/") == IB_SYSFS else _isdir(p)
+_os.listdir = lambda p=".": list(HCAS) if str(p).rstrip("/") == IB_SYSFS else _listdir(p)
+
 STUBBED = ("sgl_kernel",)
 
 
@@ -139,6 +150,7 @@ registry = _env_registry()
 results = []
 for case in payload["cases"]:
     GPU.update(case.get("gpu") or {})
+    HCAS[:] = case.get("hcas") or []
     out = {"id": case["id"], "parsed": False, "resolved": False, "error": "", "stage": ""}
     argv = [case["model_dir"] if a == "@MODEL@" else a for a in case["argv"]]
     try:
@@ -151,7 +163,9 @@ for case in payload["cases"]:
                                                          "mem_fraction_static", "context_length", "kv_cache_dtype",
                                                          "quantization", "enable_eplb", "ep_num_redundant_experts",
                                                          "nnodes", "node_rank", "moe_a2a_backend", "deepep_mode",
-                                                         "enable_two_batch_overlap")}
+                                                         "enable_two_batch_overlap", "disaggregation_mode",
+                                                         "disaggregation_transfer_backend",
+                                                         "disaggregation_bootstrap_port", "disaggregation_ib_device")}
         if case.get("resolve", True):
             out["stage"] = "resolve"
             sa.resolve_once()
@@ -166,11 +180,19 @@ for case in payload["cases"]:
                                                               "kv_cache_dtype", "attention_backend",
                                                               "speculative_algorithm", "speculative_num_steps",
                                                               "speculative_eagle_topk",
-                                                              "speculative_num_draft_tokens")}
+                                                              "speculative_num_draft_tokens",
+                                                              # prefill/decode disaggregation as resolved
+                                                              "disaggregation_mode",
+                                                              "disaggregation_transfer_backend",
+                                                              "disaggregation_bootstrap_port",
+                                                              "disaggregation_ib_device", "disable_radix_cache")}
     except BaseException as exc:  # noqa: BLE001 - SystemExit from argparse, AssertionError from checks
         out["error"] = f"{type(exc).__name__}: {exc}"
         out["trace"] = traceback.format_exc()[-1500:]
     out["unknown_env"] = sorted(n for n in case.get("env", []) if n.startswith("SGLANG_") and n not in registry)
     results.append(out)
 
-print(json.dumps({"version": sglang.__version__, "registry_size": len(registry), "results": results}, default=str))
+from sglang.srt.arg_groups.choices import DISAGG_TRANSFER_BACKEND_CHOICES
+
+print(json.dumps({"version": sglang.__version__, "registry_size": len(registry), "results": results,
+                  "facts": {"disagg_transfer_backends": list(DISAGG_TRANSFER_BACKEND_CHOICES)}}, default=str))

@@ -34,6 +34,8 @@ from conftest import ROOT, run_in_venv
 from test_vllm import _gpu_of, _model_dir   # the same config.json fixtures and GPU facts as the vLLM suite
 
 from meshplan.api.models import LLMDeployment
+from meshplan.engines import sglang as sglang_engine
+from meshplan.engines.base import Disaggregation
 from meshplan.devcluster.fleets import fleet_nodes, load_fleet
 from meshplan.render.pipeline import plan_place_render
 from meshplan.topology import build_topology
@@ -62,6 +64,36 @@ VARIANTS = {
 # (EP size, spec.engine.allToAll, spec.engine.batchOverlap) of the wide-EP cases
 WIDE = ((16, "deepep-normal", "on"), (16, "deepep-low-latency", "on"), (32, "deepep-normal", "on"),
         (32, "deepep-low-latency", "on"), (16, "auto", "auto"), (32, "auto", "off"))
+
+
+def _sglang_manifest(model: str, **spec: Any) -> dict:
+    m = {"apiVersion": "meshplan.dev/v1alpha1", "kind": "LLMDeployment", "metadata": {"name": "conf"},
+         "spec": {"model": {"name": model}, "engine": {"kind": "sglang"},
+                  "workload": {"inputTokens": 1024, "outputTokens": 256, "concurrency": 32}, "replicas": 1}}
+    m["spec"].update(spec)
+    return m
+
+
+# Prefill/decode disaggregation (issue 19): DeepSeek-R1 prefill TP8 on one H200 node and decode TP16 x attention
+# DP16 x EP16 over two nodes (DeepSeek's own split: prefill small-EP, decode wide-EP), with the pods' RDMA devices;
+# dense Llama-3.1-8B on one GPU per role without RDMA (Mooncake over TCP) and with NIXL.
+_IB = ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3")
+DISAGG_CASES = [
+    ("pd-r1-prefill-tp8", _sglang_manifest("deepseek-r1", parallelism={"tensor": 8, "pipeline": 1},
+                                           gpus={"maxGpus": 8, "products": ["NVIDIA-H200"]}),
+     "hgx-h200-ib", Disaggregation("prefill", ib_devices=_IB)),
+    ("pd-r1-decode-ep16", _sglang_manifest("deepseek-r1", parallelism={"tensor": 1, "expert": 16, "pipeline": 1},
+                                           gpus={"maxGpus": 16, "products": ["NVIDIA-H200"]}),
+     "hgx-h200-ib", Disaggregation("decode", ib_devices=_IB)),
+    ("pd-llama-prefill-tcp", _sglang_manifest("llama-3.1-8b", gpus={"maxGpus": 1}), "hgx-h100",
+     Disaggregation("prefill")),
+    ("pd-llama-decode-tcp", _sglang_manifest("llama-3.1-8b", gpus={"maxGpus": 1}), "hgx-h100",
+     Disaggregation("decode")),
+    ("pd-llama-prefill-nixl", _sglang_manifest("llama-3.1-8b", gpus={"maxGpus": 1}), "hgx-h100",
+     Disaggregation("prefill", "nixl", bootstrap_port=9100)),
+    ("pd-llama-decode-nixl", _sglang_manifest("llama-3.1-8b", gpus={"maxGpus": 1}), "hgx-h100",
+     Disaggregation("decode", "nixl")),
+]
 
 
 def _deep_merge(base: dict, over: dict) -> dict:
@@ -153,6 +185,18 @@ def _cases(tmp: Path) -> list[dict]:
         cases += _sglang_cases(tmp, f"auto-deepseek-r1-{fleet}", llmd, result,
                                {"ep": result.plan.choice.layout.ep, "a2a": result.plan.choice.a2a_backend,
                                 "overlap": result.plan.choice.batch_overlap})
+    # prefill/decode disaggregation (issue 19): each role rendered by the public path with
+    # engines.base.Disaggregation set (plan_place_render(disagg=...)); every pod parsed and resolved
+    for case, manifest, fleet, disagg in DISAGG_CASES:
+        llmd = LLMDeployment.from_manifest(manifest)
+        result = plan_place_render(llmd, build_topology(fleet_nodes(load_fleet(fleet)), [], ready_if_unknown=True),
+                                   disagg=disagg)
+        assert result.rendered is not None, f"{case}: {result.message}"
+        role_cases = _sglang_cases(tmp, case, llmd, result, {"disagg": [disagg.role, disagg.transfer_backend,
+                                                                         list(disagg.ib_devices)]})
+        for c in role_cases:
+            c["hcas"] = list(disagg.ib_devices)     # the RDMA devices the pod is given (simulated sysfs)
+        cases += role_cases
     sys.path.insert(0, str(ROOT / "tests"))
     from test_render_golden import SCENARIOS, render_scenario
 
@@ -302,3 +346,60 @@ def test_mtp_example_resolves_to_sglangs_nextn_speculative_config(probe):
             (2, 1, 3), cfg
     plain = [r for r in out["results"] if r["id"].startswith("deepseek-r1-h200.yaml/") and r["resolved"]]
     assert plain and all(r["config"]["speculative_algorithm"] is None for r in plain)
+
+
+def test_disaggregated_roles_resolve_to_sglangs_disaggregation_config(probe):
+    """Issue 19: every prefill and decode pod parses and resolves with SGLang 0.5.23's own checks (resolve_once runs
+    handle_pd_disaggregation) with the planned --disaggregation-mode, transfer backend (one of SGLang's choices;
+    mooncake_tcp resolves to mooncake with MC_FORCE_TCP), bootstrap port on prefill and IB devices where the pod has
+    RDMA devices; the decode server runs without the radix cache as SGLang resolves it; the R1 roles keep their
+    layouts (prefill TP8, decode TP16 x attention DP16 x EP16 over two pods)."""
+    cases, out = probe
+    choices = set(out["facts"]["disagg_transfer_backends"])
+    assert set(sglang_engine.DISAGG_TRANSFER_BACKENDS.values()) <= choices, choices
+    results = {r["id"]: r for r in out["results"]}
+    pd = [c for c in cases if c["id"].startswith("pd-")]
+    assert len(pd) == len(DISAGG_CASES) + 1, [c["id"] for c in pd]     # the decode EP16 role has two pods
+    for c in pd:
+        r = results[c["id"]]
+        assert r["parsed"] and r["resolved"], (c["id"], r["error"], r.get("trace", "")[-800:])
+        role, backend, ib = c["planned"]["disagg"]
+        raw, cfg = r["raw"], r["config"]
+        want = backend or ("mooncake" if ib else "mooncake_tcp")
+        assert raw["disaggregation_mode"] == role == cfg["disaggregation_mode"], (c["id"], raw)
+        assert raw["disaggregation_transfer_backend"] == want, (c["id"], raw)
+        assert cfg["disaggregation_transfer_backend"] == ("mooncake" if want == "mooncake_tcp" else want), cfg
+        assert raw["disaggregation_ib_device"] == (",".join(ib) if ib else None), (c["id"], raw)
+        if role == "prefill":
+            assert raw["disaggregation_bootstrap_port"] == (9100 if "nixl" in c["id"] else 8998), raw
+        else:
+            assert cfg["disable_radix_cache"] is True, (c["id"], cfg)
+    r1p = results[next(c["id"] for c in pd if c["id"].startswith("pd-r1-prefill"))]["raw"]
+    assert (r1p["tp_size"], r1p["ep_size"], r1p["nnodes"]) == (8, 1, 1), r1p
+    r1d = [results[c["id"]]["raw"] for c in pd if c["id"].startswith("pd-r1-decode")]
+    assert sorted(d["node_rank"] for d in r1d) == [0, 1]
+    assert all((d["tp_size"], d["attn_dp_size"], d["ep_size"], d["nnodes"]) == (16, 16, 16, 2) for d in r1d), r1d
+
+
+ROUTER_VENV = "sglang-router-0.3.2"
+ROUTER_PROBE = Path(__file__).with_name("sglang_router_probe.py")
+
+
+def test_the_pd_router_argv_parses_with_sglang_routers_own_parser():
+    """Issue 19: `engines.sglang.router_command` (the PD router in front of the roles) goes through sglang-router
+    0.3.2's own parse_router_args + _validate_router_args: PD mode on, every prefill URL with its bootstrap port,
+    every decode URL; a misspelt flag fails there (the last case: the router's own refusal is seen)."""
+    prefill = ["conf-prefill-r0-0.conf-prefill-r0.default.svc:8000", "conf-prefill-r1-0.conf-prefill-r1.default.svc:8000"]
+    decode = ["conf-decode-r0-0.conf-decode-r0.default.svc:8000"]
+    cmd, args = sglang_engine.router_command(prefill, decode, port=8080)
+    assert cmd == ("python3", "-m", "sglang_router.launch_router")
+    cases = [{"id": "pd", "argv": list(args)},
+             {"id": "misspelt", "argv": [a.replace("--pd-disaggregation", "--pd-disagregation") for a in args]}]
+    out = run_in_venv(ROUTER_VENV, ROUTER_PROBE, {"cases": cases})
+    assert out["version"] == "0.3.2"
+    pd, bad = out["results"]
+    assert pd["ok"], pd
+    assert pd["pd_disaggregation"] is True and pd["port"] == 8080 and pd["host"] == "0.0.0.0"
+    assert pd["prefill_urls"] == [[f"http://{e}", sglang_engine.SGLANG_BOOTSTRAP_PORT] for e in prefill], pd
+    assert pd["decode_urls"] == [f"http://{e}" for e in decode], pd
+    assert not bad["ok"] and "unrecognized arguments" in bad["error"], bad

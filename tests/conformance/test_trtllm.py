@@ -35,8 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _gpu_nodes import gb200_nvl72, hgx_h100, l40s  # noqa: E402
 from trtllm_standin import (  # noqa: E402
     STANDIN,
+    DisaggServerConfig,
     TorchLlmArgsSubset,
     configuration_problems,
+    disagg_router_problems,
+    parse_disaggregated,
     parse_serve,
 )
 
@@ -44,6 +47,7 @@ from meshplan.api.models import LLMDeployment  # noqa: E402
 from meshplan.catalog.models import get_model  # noqa: E402
 from meshplan.devcluster.fleets import fleet_nodes, load_fleet  # noqa: E402
 from meshplan.engines import trtllm  # noqa: E402
+from meshplan.engines.base import Disaggregation  # noqa: E402
 from meshplan.placement import place, request_for_layout  # noqa: E402
 from meshplan.planner.types import Candidate, Layout, MemoryFit, Prediction, Speculative  # noqa: E402
 from meshplan.render import NetworkOptions, Owner, PodOptions, render_deployment  # noqa: E402
@@ -202,6 +206,17 @@ FAMILIES = {
                                 "expert_load_balancing": "enabled"}),
     "mtp-3": (lambda: hgx_h100(1), Layout(tp=8), 8, "deepseek-r1",
               {"weight_dtype": "fp8", "checkpoint_dtype": "fp8", "speculative": Speculative("mtp", 3, 0.8)}),
+    # prefill/decode disaggregation (issue 19): DeepSeek-R1 context server TP8 on one H200 node, generation server
+    # EP16 (attention DP) over two; dense Llama-3.1-8B on one GPU per role; UCX (meshplan's default) and NIXL
+    "pd-r1-prefill-tp8": (lambda: _h200_ib(1), Layout(tp=8), 8, "deepseek-r1",
+                          {"weight_dtype": "fp8", "checkpoint_dtype": "fp8", "disagg": Disaggregation("prefill")}),
+    "pd-r1-decode-ep16": (lambda: _h200_ib(2), Layout(tp=1, ep=16), 8, "deepseek-r1",
+                          {"weight_dtype": "fp8", "checkpoint_dtype": "fp8",
+                           "disagg": Disaggregation("decode", ib_devices=("mlx5_0", "mlx5_1"))}),
+    "pd-llama-prefill-nixl": (lambda: hgx_h100(1), Layout(), 8, "llama-3.1-8b",
+                              {"disagg": Disaggregation("prefill", "nixl")}),
+    "pd-llama-decode-nixl": (lambda: hgx_h100(1), Layout(), 8, "llama-3.1-8b",
+                             {"disagg": Disaggregation("decode", "nixl")}),
     "extra-args": (lambda: hgx_h100(1), Layout(tp=8), 8, "llama-3.1-70b",
                    {"extra_args": ("--trust_remote_code", "--num_postprocess_workers", "2", "--max_seq_len=4096",
                                    "--log_level", "info")}),
@@ -230,6 +245,13 @@ def test_layout_families_and_toggles_render_what_trtllm_accepts(family):
         assert env["TRTLLM_FORCE_ALLTOALL_METHOD"] in ("DeepEP", "DeepEPLowLatency")
         if family == "wide-ep-deepep-eplb-ib":
             assert args.moe_config.load_balancer.num_slots == 256 + 16
+    if family.startswith("pd-"):   # issue 19: each role's cache transceiver; context servers without overlap
+        want = "NIXL" if family.endswith("-nixl") else "UCX"
+        assert args.cache_transceiver_config.backend == want
+        assert args.cache_transceiver_config.max_tokens_in_buffer == 8192      # the context length
+        assert args.disable_overlap_scheduler is ("-prefill-" in family)
+    else:
+        assert args.cache_transceiver_config is None and not args.disable_overlap_scheduler
     if family == "cuda-graphs-off":
         assert args.cuda_graph_config is None
     if family == "prefix-caching-off":
@@ -262,6 +284,35 @@ def test_the_standin_refuses_what_trtllm_serve_refuses():
                                               "moe_config": {"load_balancer": {"num_slots": 260}}})
     problems = configuration_problems({"tensor_parallel_size": 16}, args, world=16, experts=256, heads=128)
     assert any("does not divide by the EP size 16" in p for p in problems)
+
+
+def test_the_disaggregated_router_renders_what_trtllm_serve_disaggregated_accepts():
+    """Issue 19: `engines.trtllm.router_command` writes disagg_config.yaml and runs `trtllm-serve disaggregated -c`
+    on it; the stand-in parses the argv (click) and the YAML (pydantic, extra keys forbidden) and finds every
+    instance's URL; a wrong key or a URL with a scheme is refused."""
+    prefill = ["llm-prefill-r0-0.llm-prefill-r0.ns.svc:8000", "llm-prefill-r1-0.llm-prefill-r1.ns.svc:8000"]
+    decode = ["llm-decode-r0-0.llm-decode-r0.ns.svc:8000"]
+    cmd, args = trtllm.router_command(prefill, decode, port=8080)
+    assert cmd == ("/bin/sh", "-c")
+    script, name, *argv = args
+    assert name == trtllm.TRTLLM_ROUTER_SCRIPT_NAME and argv[:2] == ["trtllm-serve", "disaggregated"]
+    params = parse_disaggregated(argv[2:])
+    assert params["config_file"] == trtllm.TRTLLM_DISAGG_CONFIG_PATH
+    assert f"cat > {params['config_file']} <<'EOF'" in script
+    body = script.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+    cfg = DisaggServerConfig.model_validate(yaml.safe_load(body))
+    assert not disagg_router_problems(cfg)
+    assert cfg.port == 8080 and cfg.context_servers.urls == prefill and cfg.generation_servers.urls == decode
+    assert cfg.context_servers.num_instances == 2 and cfg.generation_servers.num_instances == 1
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        DisaggServerConfig.model_validate({**yaml.safe_load(body), "ctx_servers": {}})
+    bad = DisaggServerConfig.model_validate({**yaml.safe_load(body), "generation_servers":
+                                             {"num_instances": 1, "urls": ["http://d:8000"]}})
+    assert disagg_router_problems(bad)
+    with pytest.raises(click.UsageError, match="No such option"):
+        parse_disaggregated(["--config", "x.yaml"])
+    with pytest.raises(ValidationError):
+        TorchLlmArgsSubset.model_validate({"cache_transceiver_config": {"backend": "ucx"}})     # upper case only
 
 
 # ---- environment names ------------------------------------------------------------------------

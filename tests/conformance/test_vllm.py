@@ -34,6 +34,7 @@ from meshplan.api.models import LLMDeployment
 from meshplan.catalog.gpus import get_gpu
 from meshplan.devcluster.fleets import fleet_nodes, load_fleet
 from meshplan.engines import vllm as vllm_engine
+from meshplan.engines.base import Disaggregation
 from meshplan.planner import model_from_spec
 from meshplan.planner.engines import redundant_experts
 from meshplan.render.pipeline import plan_place_render
@@ -196,8 +197,28 @@ CASES += [
     for fleet, product in (("hgx-h100-ib", "NVIDIA-H100-80GB-HBM3"), ("hgx-h200-ib", "NVIDIA-H200"))
 ]
 
+# Prefill/decode disaggregation (issue 19): each role's pods rendered by the same public path with
+# `engines.base.Disaggregation` set (render.pipeline.plan_place_render(disagg=...), what the operator will pass),
+# every pod's argv parsed and its VllmConfig (with the KVTransferConfig) built. DeepSeek-R1 prefill TP8 on one H200
+# node and decode DP16+EP over two H200 nodes (the DeepSeek-style split), and dense Llama-3.1-8B on one GPU per role,
+# with each connector vLLM 0.32.0 registers for PD (NIXL, Mooncake, LMCache).
+_R1_PREFILL = _base("deepseek-r1", parallelism={"tensor": 8, "pipeline": 1},
+                    gpus={"maxGpus": 8, "products": ["NVIDIA-H200"]})
+_R1_DECODE = _base("deepseek-r1", parallelism={"tensor": 1, "expert": 16, "pipeline": 1},
+                   gpus={"maxGpus": 16, "products": ["NVIDIA-H200"]})
+_LLAMA_1GPU = _base("llama-3.1-8b", gpus={"maxGpus": 1}, precision={"weights": "bf16", "kvCache": "bf16"})
+_IB = ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3")
+DISAGG_CASES: list[tuple[str, dict, str, Disaggregation]] = [
+    ("pd-r1-prefill-tp8", _R1_PREFILL, "hgx-h200-ib", Disaggregation("prefill", ib_devices=_IB)),
+    ("pd-r1-decode-ep16", _R1_DECODE, "hgx-h200-ib", Disaggregation("decode", ib_devices=_IB)),
+    ("pd-llama-prefill-nixl", _LLAMA_1GPU, "hgx-h100", Disaggregation("prefill")),
+    ("pd-llama-decode-nixl", _LLAMA_1GPU, "hgx-h100", Disaggregation("decode")),
+    ("pd-llama-prefill-mooncake", _LLAMA_1GPU, "hgx-h100", Disaggregation("prefill", "mooncake")),
+    ("pd-llama-decode-lmcache", _LLAMA_1GPU, "hgx-h100", Disaggregation("decode", "lmcache")),
+]
 
 CASES_BY_ID = {case: (manifest, fleet) for case, manifest, fleet in CASES}
+CASES_BY_ID.update({case: (manifest, fleet) for case, manifest, fleet, _ in DISAGG_CASES})
 
 
 def test_eplb_cases_run_redundant_experts(conformance):
@@ -252,9 +273,9 @@ class Rendered:
     explain: list[Any]
 
 
-def _render(case: str, manifest: dict, fleet: str) -> Rendered:
+def _render(case: str, manifest: dict, fleet: str, disagg: Disaggregation | None = None) -> Rendered:
     llmd = LLMDeployment.from_manifest(manifest)
-    res = plan_place_render(llmd, FLEETS[fleet])
+    res = plan_place_render(llmd, FLEETS[fleet], disagg=disagg)
     assert res.plan.choice is not None, f"{case}: no plan on {fleet}: {res.plan.reason}"
     assert res.rendered is not None and res.placement.ok, f"{case}: {res.message}"
     pods = [p for g in res.rendered.groups for p in g.pods]
@@ -266,8 +287,8 @@ def conformance(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("vllm-models")
     rendered: dict[str, Rendered] = {}
     cases, env_names = [], set()
-    for case, manifest, fleet in CASES:
-        r = _render(case, manifest, fleet)
+    for case, manifest, fleet, disagg in [(*c, None) for c in CASES] + DISAGG_CASES:
+        r = _render(case, manifest, fleet, disagg)
         rendered[case] = r
         model_dir = _model_dir(tmp, LLMDeployment.from_manifest(manifest).spec)
         for i, pod in enumerate(r.pods):
@@ -471,3 +492,37 @@ def test_the_extra_args_guard_table_is_vllms_own_parser(conformance):
         # the same option groups (the order of one option's spellings inside its group does not matter)
         assert {frozenset(g) for g in engine_options.VLLM_OPTIONS} == {frozenset(g) for g in real}
         assert engine_options.VERSIONS["vllm"] == vllm_engine.VERSION
+
+
+def test_disaggregated_roles_run_the_kv_connector_vllm_builds(conformance):
+    """Issue 19: every pod of a prefill role has vLLM's own KVTransferConfig with the planned connector as a KV
+    producer, every decode pod as a consumer (NIXL warns kv_both is deprecated in 0.32.0); every connector meshplan
+    offers is one vLLM 0.32.0 registers; the NIXL side channel is the pod's address; the R1 roles keep their layouts
+    (prefill TP8, decode DP16 + EP over two pods)."""
+    registered = set(conformance["out"]["facts"]["kv_connectors"])
+    assert set(vllm_engine.DISAGG_TRANSFER_BACKENDS.values()) <= registered, registered
+    assert "P2pNcclConnector" not in registered      # why meshplan does not offer it for 0.32.0
+    for case, _, _, disagg in DISAGG_CASES:
+        r = conformance["rendered"][case]
+        want = vllm_engine.DISAGG_TRANSFER_BACKENDS[disagg.transfer_backend or vllm_engine.DISAGG_DEFAULT_BACKEND]
+        for i, pod in enumerate(r.pods):
+            cfg = conformance["results"][f"{case}/pod{i}"]["config"]
+            assert cfg["kv_connector"] == want, (case, i, cfg["kv_connector"])
+            assert cfg["kv_role"] == vllm_engine.KV_ROLES[disagg.role], (case, i, cfg["kv_role"])
+            assert cfg["is_kv_producer"] is (disagg.role == "prefill") and \
+                cfg["is_kv_consumer"] is (disagg.role == "decode"), (case, i)
+            env = {e["name"]: e for e in pod["spec"]["containers"][0].get("env", [])}
+            if want == "NixlConnector":
+                assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+                assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"]["value"] == str(vllm_engine.NIXL_SIDE_CHANNEL_PORT)
+            else:
+                assert "VLLM_NIXL_SIDE_CHANNEL_HOST" not in env, case
+    prefill = conformance["results"]["pd-r1-prefill-tp8/pod0"]["config"]
+    assert prefill["tensor_parallel_size"] == 8 and prefill["data_parallel_size"] == 1
+    decode = conformance["rendered"]["pd-r1-decode-ep16"]
+    assert len(decode.pods) == 2
+    for i in range(2):
+        cfg = conformance["results"][f"pd-r1-decode-ep16/pod{i}"]["config"]
+        assert cfg["data_parallel_size"] == 16 and cfg["enable_expert_parallel"] and cfg["data_parallel_rank"] == 8 * i
+    # the aggregated cases render no KV connector
+    assert conformance["results"]["tp8-node/pod0"]["config"]["kv_connector"] is None

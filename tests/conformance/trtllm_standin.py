@@ -126,6 +126,17 @@ class MTPDecodingConfig(_Strict):
     max_draft_len: Optional[int] = None
 
 
+class CacheTransceiverConfig(_Strict):
+    """`cache_transceiver_config` of a disaggregated context/generation server: tensorrt_llm/llmapi/llm_args.py
+    CacheTransceiverConfig (StrictBaseModel; read through the code index, 1.x copies: `backend:
+    Optional[Literal["DEFAULT", "UCX", "NIXL", "MPI"]]`, `max_tokens_in_buffer: Optional[int]`; later main adds
+    MOONCAKE and transceiver_runtime, not accepted here) and examples/disaggregated/README.md ("valid options include
+    DEFAULT, UCX, NIXL, and MPI")."""
+
+    backend: Optional[Literal["DEFAULT", "UCX", "NIXL", "MPI"]] = None
+    max_tokens_in_buffer: Optional[int] = Field(default=None, gt=0)
+
+
 class TorchLlmArgsSubset(_Strict):
     """The TorchLlmArgs fields meshplan writes to --extra_llm_api_options (others are not allowed here)."""
 
@@ -138,6 +149,55 @@ class TorchLlmArgsSubset(_Strict):
     moe_config: MoeConfig = Field(default_factory=MoeConfig)
     cuda_graph_config: Optional[CudaGraphConfig] = Field(default_factory=CudaGraphConfig)
     speculative_config: Optional[MTPDecodingConfig] = None
+    # prefill/decode disaggregation (examples/disaggregated/README.md: the context servers' config sets
+    # disable_overlap_scheduler: True; TorchLlmArgs.disable_overlap_scheduler: bool = False)
+    cache_transceiver_config: Optional[CacheTransceiverConfig] = None
+    disable_overlap_scheduler: bool = False
+
+
+class ServerGroup(_Strict):
+    num_instances: int = Field(gt=0)
+    urls: list[str]
+
+
+class DisaggServerConfig(_Strict):
+    """The `trtllm-serve disaggregated -c CONFIG` YAML keys meshplan writes (examples/disaggregated/README.md,
+    disagg_config.yaml: hostname, port, backend, context_servers / generation_servers with num_instances and urls;
+    tensorrt_llm/serve disagg config parsing takes urls as host:port)."""
+
+    hostname: str
+    port: int
+    backend: Literal["pytorch"]
+    context_servers: ServerGroup
+    generation_servers: ServerGroup
+
+
+def disagg_router_problems(cfg: DisaggServerConfig) -> list[str]:
+    """What the router config must hold (the README: one URL per instance, host:port each)."""
+    out = []
+    for name, group in (("context_servers", cfg.context_servers), ("generation_servers", cfg.generation_servers)):
+        if group.num_instances != len(group.urls):
+            out.append(f"{name}.num_instances {group.num_instances} != {len(group.urls)} urls")
+        out += [f"{name} url {u!r} is not host:port" for u in group.urls
+                if ":" not in u or not u.rsplit(":", 1)[1].isdigit() or "://" in u]
+    return out
+
+
+def disaggregated_command() -> click.Command:
+    """`trtllm-serve disaggregated`'s options (trtllm-serve reference, nvidia.github.io/TensorRT-LLM
+    commands/trtllm-serve: -c/--config_file, -m/--metadata_server_config_file, -t/--server_start_timeout,
+    -r/--request_timeout, -l/--log_level)."""
+    params = [click.Option(["-c", "--config_file"], type=str, required=True),
+              click.Option(["-m", "--metadata_server_config_file"], type=str),
+              click.Option(["-t", "--server_start_timeout"], type=int),
+              click.Option(["-r", "--request_timeout"], type=int),
+              click.Option(["-l", "--log_level"], type=click.Choice(_CHOICES["--log_level"]))]
+    return click.Command("disaggregated", params=params, callback=lambda **kw: kw)
+
+
+def parse_disaggregated(argv: list[str]) -> dict[str, Any]:
+    ctx = disaggregated_command().make_context("trtllm-serve disaggregated", list(argv), resilient_parsing=False)
+    return dict(ctx.params)
 
 
 def configuration_problems(params: dict[str, Any], args: TorchLlmArgsSubset, *, world: int,

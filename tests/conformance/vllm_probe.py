@@ -116,6 +116,7 @@ def _install_platform():
 
     platforms._current_platform = SimulatedCudaPlatform()
     _capability_queries()
+    _triton_config()
     return platforms._current_platform
 
 
@@ -131,6 +132,27 @@ _CAPABILITY_QUERIES = {
     "cutlass_scaled_mm_supports_fp4": lambda c: c >= 100,
     "mxfp4_experts_quant_supported": lambda c: c >= 100,
 }
+
+
+def _triton_config() -> None:
+    """The CPU build runs with vLLM's TritonPlaceholder (vllm/triton_utils/importing.py: no GPU driver, so
+    HAS_TRITON is False), whose `triton.Config` is a no-op decorator. Kernel modules that filter their autotune
+    configs at import on Hopper (model_executor/layers/mamba/ops/ssd_chunk_scan.py `_drop_racy_wgmma_configs`
+    reads `num_stages`, `num_warps`, `kwargs`), reached when VllmConfig loads a KV connector class
+    (config/vllm.py: KVConnectorFactory.get_connector_class -> nixl/base_worker.py -> v1/worker/utils.py), need a
+    Config that holds its arguments as triton's does (triton.Config(kwargs, num_warps=4, num_stages=3)). No
+    kernel runs."""
+    import vllm.triton_utils as tu
+
+    if getattr(tu, "HAS_TRITON", True):
+        return
+
+    class Config:
+        def __init__(self, kwargs=None, num_warps=4, num_stages=3, **rest):
+            self.kwargs, self.num_warps, self.num_stages = dict(kwargs or {}), num_warps, num_stages
+            self.__dict__.update(rest)
+
+    tu.triton.Config = Config
 
 
 def _capability_queries() -> None:
@@ -195,6 +217,11 @@ def _summary(cfg) -> dict:
         # speculative decoding as vLLM resolved it (None when off)
         "speculative_method": getattr(cfg.speculative_config, "method", None),
         "num_speculative_tokens": getattr(cfg.speculative_config, "num_speculative_tokens", None),
+        # prefill/decode disaggregation: vLLM's KVTransferConfig as built from --kv-transfer-config (None: off)
+        "kv_connector": getattr(cfg.kv_transfer_config, "kv_connector", None),
+        "kv_role": getattr(cfg.kv_transfer_config, "kv_role", None),
+        "is_kv_producer": getattr(cfg.kv_transfer_config, "is_kv_producer", None),
+        "is_kv_consumer": getattr(cfg.kv_transfer_config, "is_kv_consumer", None),
         "speculative_n_predict": getattr(getattr(getattr(cfg.speculative_config, "draft_model_config", None),
                                                  "hf_config", None), "n_predict", None),
     }
@@ -267,6 +294,9 @@ def main() -> None:
 
     default = CacheConfig.__dataclass_fields__["gpu_memory_utilization"].default
     facts = {"gpu_memory_utilization_default": getattr(default, "default", default)}   # pydantic FieldInfo
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    facts["kv_connectors"] = sorted(KVConnectorFactory._registry)    # the connectors this vLLM registers
     serve = next(a for a in top._actions if a.dest == "subparser").choices["serve"]
     # option strings of each `vllm serve` action, aliases together; BooleanOptionalAction's --no-X left out
     options = [[o for o in a.option_strings if not o.startswith("--no-")] for a in serve._actions if a.option_strings]

@@ -139,6 +139,13 @@ class ServingOptions:
     num_experts: int = 0                    # routed experts of the model (0: dense or unknown); TRT-LLM EPLB slots
     model_name: str = ""                    # the planner's model (catalogue / architecture name): the EPLB rule's family
     speculative: Any = None                 # planner.types.Speculative (spec.engine.speculative), None: off
+    # Prefill/decode disaggregation (issue 19): the role this pod's engine plays, None: aggregated (both phases)
+    disagg: "Disaggregation | None" = None
+
+    @property
+    def role(self) -> str | None:
+        """"prefill" | "decode" | None (aggregated)."""
+        return self.disagg.role if self.disagg is not None else None
 
 
 @dataclass(frozen=True)
@@ -175,6 +182,46 @@ class EngineCommand:
     live_path: str = ""
     # Pod annotations the command needs (NIM multi-node: the leader's MPI hostfile, mounted by the downward API).
     annotations: tuple[tuple[str, str], ...] = ()
+    # Variables read from the pod by the downward API: (name, fieldPath), e.g. vLLM's NIXL side-channel host
+    # from status.podIP (disaggregated roles); the renderer gives them as valueFrom.fieldRef.
+    env_fields: tuple[tuple[str, str], ...] = ()
+
+
+# ---- prefill/decode disaggregation (issue 19) ---------------------------------------------------
+
+DISAGG_ROLES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Disaggregation:
+    """What the renderer tells an engine module about the disaggregated role of a pod (issue 19).
+
+    `transfer_backend`: the KV-transfer backend in meshplan's lower-case spelling ("" = the engine module's
+    default for the path: `DISAGG_TRANSFER_BACKENDS` of each module lists its names and what they render to).
+    `bootstrap_port`: the port the prefill side listens on for the decode side's handshake (SGLang's bootstrap
+    server, vLLM's NIXL side channel), None: the engine's default. `ib_devices`: the RDMA devices (HCA names,
+    e.g. mlx5_0) the pod is given; empty: no RDMA (the KV goes over TCP or NVLink as the backend decides).
+    Each engine module's `disagg_flags` is the one rule that turns this into flags (every caller uses it).
+    """
+
+    role: str
+    transfer_backend: str = ""
+    bootstrap_port: int | None = None
+    ib_devices: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.role not in DISAGG_ROLES:
+            raise ValueError(f"disaggregation role {self.role!r}: use one of {', '.join(DISAGG_ROLES)} "
+                             "(None for an aggregated pod)")
+
+
+def disagg_backend(title: str, disagg: Disaggregation, backends: dict[str, str], default: str) -> str:
+    """The engine's spelling of `disagg.transfer_backend` ("" -> `default`), or a RenderError naming the choices."""
+    name = (disagg.transfer_backend or default).lower()
+    if name not in backends:
+        raise RenderError(f"disaggregation transfer backend {disagg.transfer_backend!r}: {title} has "
+                          f"{', '.join(sorted(backends))}; choose one of them")
+    return backends[name]
 
 
 class RenderError(ValueError):
@@ -346,3 +393,11 @@ class EngineModule(Protocol):
     # spec.engine.expertLoadBalancing `balancing`; the planner's memory fit and performance model and the
     # renderer's EPLB flags all read this one count (planner.engines.redundant_experts).
     def redundant_experts(self, layout: Layout, model: Any = None, balancing: str = "auto") -> int: ...
+
+    # Optional (prefill/decode disaggregation, issue 19; an engine without them refuses `ServingOptions.disagg`):
+    # `disagg_flags(disagg, layout, explain)` -> the role's flags (or LLM-API config) that `command` renders, and
+    # `router_command(prefill, decode, port)` -> (command, args) of the engine's own PD router in front of them.
+    def disagg_flags(self, disagg: Disaggregation, layout: Layout, explain: list[Explanation]) -> dict[str, Any]: ...
+
+    def router_command(self, prefill: Sequence[str], decode: Sequence[str], port: int = HTTP_PORT
+                       ) -> tuple[tuple[str, ...], tuple[str, ...]]: ...

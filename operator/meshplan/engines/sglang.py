@@ -27,9 +27,12 @@ arguments); only rank 0 serves HTTP. SGLang (`--nnodes`) runs any split of a rep
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from meshplan.engines.base import (
+    HTTP_PORT,
+    Disaggregation,
+    disagg_backend,
     EngineCommand,
     eplb_model,
     family_of,
@@ -244,6 +247,60 @@ def speculative_flags(speculative: Any, explain: list[Explanation]) -> dict[str,
             "--speculative-num-draft-tokens": k + 1}
 
 
+
+# ---- prefill/decode disaggregation (issue 19) -----------------------------------------------------------
+# SGLang 0.5.23 (sglang/srt/arg_groups/fields/disagg.py): `--disaggregation-mode` null | prefill | decode;
+# `--disaggregation-transfer-backend`, choices DISAGG_TRANSFER_BACKEND_CHOICES (arg_groups/choices.py: mooncake,
+# nixl, ascend, fake, mori, mooncake_tcp; default mooncake); `--disaggregation-bootstrap-port` (the prefill
+# server's bootstrap server, default 8998); `--disaggregation-ib-device` (a device or a comma-separated list of
+# HCAs, "Supported by Mooncake and NIXL UCX"; default None: the backend picks). "mooncake_tcp" is Mooncake with
+# its TCP transport forced (arg_groups/pd_disaggregation_hook.py sets MC_FORCE_TCP=1 and drops the IB device):
+# what a pod without RDMA devices runs. ascend (Huawei NPUs) and fake (benchmarks; prefill refuses it) are not
+# offered; mori is AMD's.
+DISAGG_TRANSFER_BACKENDS = {"mooncake": "mooncake", "nixl": "nixl", "mori": "mori", "mooncake_tcp": "mooncake_tcp"}
+DISAGG_IB_BACKENDS = ("mooncake", "nixl")
+SGLANG_BOOTSTRAP_PORT = 8998
+
+
+def disagg_flags(disagg: Disaggregation, layout_: Layout, explain: list[Explanation]) -> dict[str, Any]:
+    """The prefill or decode server's disaggregation flags: the ONE rule every caller uses. Without RDMA
+    devices the default backend is mooncake_tcp (Mooncake over TCP), with them mooncake on those HCAs."""
+    backend = disagg_backend(TITLE, disagg, DISAGG_TRANSFER_BACKENDS,
+                             "mooncake" if disagg.ib_devices else "mooncake_tcp")
+    src = "SGLang 0.5.23 arg_groups/fields/disagg.py, arg_groups/choices.py"
+    flags: dict[str, Any] = {"--disaggregation-mode": disagg.role, "--disaggregation-transfer-backend": backend}
+    explain.append(Explanation("--disaggregation-mode", disagg.role, f"this server runs the {disagg.role} phase "
+                               f"only; KV moves over {backend}" + ("" if disagg.ib_devices else
+                                                                   " (no RDMA devices in the pod: Mooncake's TCP "
+                                                                   "transport)"), src))
+    if disagg.role == "prefill":
+        port = disagg.bootstrap_port or SGLANG_BOOTSTRAP_PORT
+        flags["--disaggregation-bootstrap-port"] = port
+        explain.append(Explanation("--disaggregation-bootstrap-port", str(port), "the prefill server's bootstrap "
+                                   "server, which decode servers reach through the router", src))
+    if disagg.ib_devices and backend in DISAGG_IB_BACKENDS:
+        flags["--disaggregation-ib-device"] = ",".join(disagg.ib_devices)
+        explain.append(Explanation("--disaggregation-ib-device", flags["--disaggregation-ib-device"],
+                                   "the RDMA devices the pod was given carry the KV transfer", src))
+    return flags
+
+
+def router_command(prefill: Sequence[str], decode: Sequence[str], port: int = HTTP_PORT,
+                   bootstrap_port: int = SGLANG_BOOTSTRAP_PORT) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(command, args) of SGLang's PD router (sglang-router 0.3.2, sglang_router/launch_router.py and
+    router_args.py: `--pd-disaggregation`, `--prefill URL [BOOTSTRAP_PORT]` and `--decode URL`, each repeatable)
+    in front of the prefill and decode servers (`host:port` each)."""
+    if not prefill or not decode:
+        raise RenderError("a disaggregated deployment needs at least one prefill and one decode endpoint for the "
+                          f"router (got {len(prefill)} prefill, {len(decode)} decode)")
+    args: list[str] = ["--host", "0.0.0.0", "--port", str(port), "--pd-disaggregation"]
+    for e in prefill:
+        args += ["--prefill", f"http://{e}", str(bootstrap_port)]
+    for e in decode:
+        args += ["--decode", f"http://{e}"]
+    return ("python3", "-m", "sglang_router.launch_router"), tuple(args)
+
+
 def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: EngineLayout,
             explain: list[Explanation]) -> EngineCommand:
     layout_ = candidate.layout
@@ -342,6 +399,10 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
                     f"physical experts per rank), {gib:.2f} GiB per GPU held by the plan's memory fit; predicted MoE "
                     f"balance (mean/max rank load) {b0:.2f} -> {b1:.2f}: the busiest rank's expert work "
                     f"{1 - b0 / b1:.0%} shorter", "SGLang 0.5.23 eplb/expert_location.py"))
+    if serving.disagg is not None:
+        flags.update(disagg_flags(serving.disagg, layout_, explain))
+        if serving.disagg.role == "prefill" and role.leader:
+            ports.append(("bootstrap", flags["--disaggregation-bootstrap-port"]))
     if multi:
         flags["--dist-init-addr"] = f"{leader}:{SGLANG_DIST_PORT}"
         flags["--nnodes"] = role.pods

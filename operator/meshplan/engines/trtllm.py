@@ -26,11 +26,14 @@ project cannot reach; tests/conformance/test_trtllm.py says which check stands i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
 from meshplan.engines.base import (
+    HTTP_PORT,
+    Disaggregation,
+    disagg_backend,
     EngineCommand,
     EngineLayout,
     Explanation,
@@ -304,6 +307,65 @@ def speculative_config(speculative: Any, explain: list[Explanation]) -> dict[str
     return {"decoding_type": "MTP", "num_nextn_predict_layers": int(speculative.tokens)}
 
 
+
+# ---- prefill/decode disaggregation (issue 19) -----------------------------------------------------------
+# TensorRT-LLM disaggregated serving (examples/disaggregated/README.md and docs features/disagg-serving.md,
+# 1.x): each role is its own `trtllm-serve` whose extra LLM-API YAML holds `cache_transceiver_config`
+# (CacheTransceiverConfig in tensorrt_llm/llmapi/llm_args.py: `backend` one of DEFAULT, UCX, NIXL, MPI, and
+# `max_tokens_in_buffer`, "recommended >= the maximum ISL"); context (prefill) servers set
+# `disable_overlap_scheduler: true` ("The overlap scheduler for context servers is currently disabled, as it is
+# not yet supported in disaggregated context server architectures", the README's ctx config). The router is
+# `trtllm-serve disaggregated -c disagg_config.yaml` with `hostname`, `port`, `backend: pytorch`,
+# `context_servers: {num_instances, urls}` and `generation_servers: {num_instances, urls}` (same README).
+# Which backend DEFAULT means moved between releases (UCX in the 1.0 README, NIXL in later docs), so meshplan
+# renders the backend explicitly (UCX unless asked).
+DISAGG_TRANSFER_BACKENDS = {"ucx": "UCX", "nixl": "NIXL", "mpi": "MPI"}
+DISAGG_DEFAULT_BACKEND = "ucx"
+TRTLLM_DISAGG_CONFIG_PATH = "/tmp/meshplan-disagg-config.yaml"
+TRTLLM_ROUTER_SCRIPT_NAME = "meshplan-trtllm-router"
+
+
+def disagg_flags(disagg: Disaggregation, layout_: Layout, explain: list[Explanation],
+                 max_tokens_in_buffer: int | None = None) -> dict[str, Any]:
+    """The role's LLM-API settings (TensorRT-LLM has no CLI flag for them: they go into the extra options YAML);
+    the ONE rule every caller uses."""
+    backend = disagg_backend(TITLE, disagg, DISAGG_TRANSFER_BACKENDS, DISAGG_DEFAULT_BACKEND)
+    transceiver: dict[str, Any] = {"backend": backend}
+    if max_tokens_in_buffer:
+        transceiver["max_tokens_in_buffer"] = int(max_tokens_in_buffer)
+    out: dict[str, Any] = {"cache_transceiver_config": transceiver}
+    src = f"TensorRT-LLM {VERSION} examples/disaggregated/README.md; llm_args.py CacheTransceiverConfig"
+    explain.append(Explanation("cache_transceiver_config.backend", backend, f"{disagg.role} "
+                               f"({'context' if disagg.role == 'prefill' else 'generation'}) server: KV moves over "
+                               f"{backend}" + (f", buffer {max_tokens_in_buffer} tokens (the context length)"
+                                               if max_tokens_in_buffer else ""), src))
+    if disagg.role == "prefill":
+        out["disable_overlap_scheduler"] = True
+        explain.append(Explanation("disable_overlap_scheduler", "true", "context servers run without the overlap "
+                                   "scheduler in disaggregated serving", src))
+    return out
+
+
+def router_command(prefill: Sequence[str], decode: Sequence[str], port: int = HTTP_PORT
+                   ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(command, args) of `trtllm-serve disaggregated -c CONFIG` in front of the context (prefill) and generation
+    (decode) servers (`host:port` each): the config YAML is written by the container's shell first."""
+    if not prefill or not decode:
+        raise RenderError("a disaggregated deployment needs at least one prefill and one decode endpoint for the "
+                          f"router (got {len(prefill)} prefill, {len(decode)} decode)")
+    text = yaml.safe_dump(router_config(prefill, decode, port), sort_keys=True).strip()
+    script = f"cat > {TRTLLM_DISAGG_CONFIG_PATH} <<'EOF'\n{text}\nEOF\nexec \"$@\"\n"
+    return ("/bin/sh", "-c"), (script, TRTLLM_ROUTER_SCRIPT_NAME, "trtllm-serve", "disaggregated", "-c",
+                               TRTLLM_DISAGG_CONFIG_PATH)
+
+
+def router_config(prefill: Sequence[str], decode: Sequence[str], port: int = HTTP_PORT) -> dict[str, Any]:
+    """disagg_config.yaml of `trtllm-serve disaggregated` (examples/disaggregated/README.md)."""
+    return {"hostname": "0.0.0.0", "port": int(port), "backend": "pytorch",
+            "context_servers": {"num_instances": len(prefill), "urls": list(prefill)},
+            "generation_servers": {"num_instances": len(decode), "urls": list(decode)}}
+
+
 def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: EngineLayout,
             explain: list[Explanation]) -> EngineCommand:
     # The KV dtype is refused here too; the weights' rule needs to know whether the checkpoint's dtype is
@@ -358,6 +420,8 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
                                    f"{'low-latency' if a2a == 'DeepEPLowLatency' else 'normal'} kernels (TensorRT-LLM "
                                    "otherwise chooses MNNVL or none on HGX); forwarded to every MPI rank",
                                    "TensorRT-LLM fused_moe_wide_ep.py select_alltoall_method_type"))
+    if serving.disagg is not None:
+        options.update(disagg_flags(serving.disagg, candidate.layout, explain, serving.max_model_len))
     if serving.cuda_graphs == "disabled":
         options["cuda_graph_config"] = None
     spec_cfg = speculative_config(serving.speculative, explain)

@@ -21,16 +21,20 @@ Multi-node bootstrap (one pod per node slice; rank 0 is the leader):
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Sequence
 
 from meshplan.engines.base import (
+    Disaggregation,
     EngineCommand,
+    RenderError,
+    disagg_backend,
     eplb_model,
     family_of,
     one_per_rank,
     EngineKnobs,
     EngineLayout,
     Explanation,
+    HTTP_PORT,
     PodRole,
     ServingOptions,
     flag_items,
@@ -332,6 +336,94 @@ def eplb_gain_text(layout_: Layout, num_experts: int, n: int) -> str:
             f"{1 - b0 / b1:.0%} shorter")
 
 
+
+# ---- prefill/decode disaggregation (issue 19) -----------------------------------------------------------
+# vLLM 0.32.0 runs a prefill and a decode instance joined by a KV connector: `--kv-transfer-config` (a JSON
+# KVTransferConfig, vllm/config/kv_transfer.py: kv_connector, kv_role in kv_producer | kv_consumer | kv_both).
+# The connectors for moving KV between instances that 0.32.0 registers (KVConnectorFactory.register_connector in
+# vllm/distributed/kv_transfer/kv_connector/factory.py): NixlConnector (NIXL over UCX: RDMA, NVLink or TCP),
+# MooncakeConnector (Mooncake transfer engine) and LMCacheConnectorV1 (LMCache; needs the lmcache package in
+# the image). P2pNcclConnector is NOT registered in 0.32.0 (it was in earlier releases), so it is not offered.
+# Roles: NixlConnector warns that kv_role "kv_both" is deprecated ("Please set kv_role='kv_producer' for prefill
+# instances and kv_role='kv_consumer' for decode instances", kv_connector/v1/nixl/connector.py v0.32.0), so the
+# prefill pod renders kv_producer and the decode pod kv_consumer, for every connector.
+DISAGG_TRANSFER_BACKENDS = {"nixl": "NixlConnector", "mooncake": "MooncakeConnector", "lmcache": "LMCacheConnectorV1"}
+DISAGG_DEFAULT_BACKEND = "nixl"
+KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# NIXL's handshake ("side channel"): each engine core listens on VLLM_NIXL_SIDE_CHANNEL_HOST:PORT + its data-
+# parallel index (nixl/base_scheduler.py), and the prefill side advertises that host to the decode side in the
+# request's kv_transfer_params (remote_host): it must be the pod's own address, not the default "localhost"
+# (vllm/envs.py: VLLM_NIXL_SIDE_CHANNEL_HOST "localhost", VLLM_NIXL_SIDE_CHANNEL_PORT 5600).
+NIXL_SIDE_CHANNEL_PORT = 5600
+# Mooncake's bootstrap server on the prefill side: VLLM_MOONCAKE_BOOTSTRAP_PORT, default 8998 (vllm/envs.py).
+MOONCAKE_BOOTSTRAP_PORT = 8998
+# vLLM's PD proxy: 0.32.0's package ships none; its NIXL integration test's proxy, tests/v1/kv_connector/
+# nixl_integration/toy_proxy_server.py (vLLM v0.32.0 source, run by run_accuracy_test.sh there), takes --host,
+# --port, --prefiller-hosts/--prefiller-ports and --decoder-hosts/--decoder-ports and sends each request to a
+# prefiller with kv_transfer_params {"do_remote_decode": true}, then to a decoder with what the prefiller returned.
+# The router image must hold that script (spec'd by the operator as a configurable image); its path:
+VLLM_PROXY_SCRIPT = "/opt/vllm/toy_proxy_server.py"
+
+
+def disagg_flags(disagg: Disaggregation, layout_: Layout, explain: list[Explanation]) -> dict[str, Any]:
+    """`--kv-transfer-config` of a prefill or decode pod: the ONE rule every caller uses."""
+    connector = disagg_backend(TITLE, disagg, DISAGG_TRANSFER_BACKENDS, DISAGG_DEFAULT_BACKEND)
+    config = {"kv_connector": connector, "kv_role": KV_ROLES[disagg.role]}
+    value = json.dumps(config, separators=(",", ":"))
+    explain.append(Explanation("--kv-transfer-config", value,
+                               f"{disagg.role} role: {connector} moves the KV cache from prefill to decode "
+                               f"({KV_ROLES[disagg.role]}; kv_both is deprecated for NIXL in vLLM {VERSION})",
+                               f"vllm/config/kv_transfer.py, kv_connector/factory.py v{VERSION}"))
+    return {"--kv-transfer-config": value}
+
+
+def disagg_env(disagg: Disaggregation, layout_: Layout, role: PodRole, explain: list[Explanation]
+               ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], list[tuple[str, int]]]:
+    """(env, env from pod fields, container ports) of a disaggregated pod: the connector's handshake endpoint."""
+    connector = disagg_backend(TITLE, disagg, DISAGG_TRANSFER_BACKENDS, DISAGG_DEFAULT_BACKEND)
+    ports: list[tuple[str, int]] = []
+    if connector == "NixlConnector":
+        base = disagg.bootstrap_port or NIXL_SIDE_CHANNEL_PORT
+        ranks = dp_ranks(layout_)
+        local = max(1, role.gpus_per_pod // layout_.tp) if ranks > 1 and role.pods > 1 else ranks
+        start = role.rank * local if ranks > 1 and role.pods > 1 else 0
+        ports = [(f"nixl-{i}", base + i) for i in range(start, start + local)]
+        explain.append(Explanation("env VLLM_NIXL_SIDE_CHANNEL_HOST", "status.podIP", "the NIXL handshake address "
+                                   "the prefill side advertises to decode (default localhost would not reach it); "
+                                   f"port {base} + DP index ({local} rank(s) in this pod)", f"vllm/envs.py, "
+                                   f"kv_connector/v1/nixl/base_scheduler.py v{VERSION}"))
+        return (("VLLM_NIXL_SIDE_CHANNEL_PORT", str(base)),), (("VLLM_NIXL_SIDE_CHANNEL_HOST", "status.podIP"),), ports
+    if connector == "MooncakeConnector":
+        port = disagg.bootstrap_port or MOONCAKE_BOOTSTRAP_PORT
+        explain.append(Explanation("env VLLM_MOONCAKE_BOOTSTRAP_PORT", str(port), "Mooncake's bootstrap server",
+                                   f"vllm/envs.py v{VERSION}"))
+        return (("VLLM_MOONCAKE_BOOTSTRAP_PORT", str(port)),), (), [("bootstrap", port)]
+    return (), (), ports
+
+
+def router_command(prefill: Sequence[str], decode: Sequence[str], port: int = HTTP_PORT,
+                   script: str = VLLM_PROXY_SCRIPT) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(command, args) of vLLM's PD proxy in front of the prefill and decode pods (`host:port` each)."""
+    if not prefill or not decode:
+        raise RenderError("a disaggregated deployment needs at least one prefill and one decode endpoint for the "
+                          f"router (got {len(prefill)} prefill, {len(decode)} decode)")
+
+    def split(endpoints: Sequence[str]) -> tuple[list[str], list[str]]:
+        hosts, ports_ = [], []
+        for e in endpoints:
+            host, _, p = e.rpartition(":")
+            if not host or not p.isdigit():
+                raise RenderError(f"router endpoint {e!r}: expected host:port")
+            hosts.append(host)
+            ports_.append(p)
+        return hosts, ports_
+
+    ph, pp = split(prefill)
+    dh, dp = split(decode)
+    return (("python3", script), ("--host", "0.0.0.0", "--port", str(port), "--prefiller-hosts", *ph,
+                                   "--prefiller-ports", *pp, "--decoder-hosts", *dh, "--decoder-ports", *dp))
+
+
 def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: EngineLayout,
             explain: list[Explanation]) -> EngineCommand:
     layout_ = candidate.layout
@@ -362,6 +454,12 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
     if serving.cuda_graphs == "disabled":
         flags["--enforce-eager"] = True
     eplb_explain(candidate, serving, flags, explain)
+    env: tuple[tuple[str, str], ...] = ()
+    env_fields: tuple[tuple[str, str], ...] = ()
+    if serving.disagg is not None:
+        flags.update(disagg_flags(serving.disagg, layout_, explain))
+        env, env_fields, role_ports = disagg_env(serving.disagg, layout_, role, explain)
+        ports.extend(role_ports)
     fraction = flags.get("--gpu-memory-utilization")
     if fraction is not None and serving.memory_fraction is None:
         explain.append(Explanation("--gpu-memory-utilization", str(fraction), "rendered explicitly: the fraction the "
@@ -398,4 +496,4 @@ def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: En
     args = flatten(merge_extra(head + flag_items(flags), serving.extra_args, serving.allow_plan_override,
                                explain))
     return EngineCommand(("vllm", "serve"), tuple(args), role.leader, tuple([("http", serving.port)] + ports),
-                         tuple(explain))
+                         tuple(explain), env=env, env_fields=env_fields)

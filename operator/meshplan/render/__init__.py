@@ -150,7 +150,8 @@ def plan_hash(candidate: Candidate, serving: ServingOptions, network: NetworkOpt
     # fields added after v1alpha1 shipped enter the hash only when set, so an operator upgrade does not
     # change the hash (and roll) of groups that do not use them
     added = {"load_format": None, "weights_refusal": "", "weights_env": (), "volumes": (), "volume_mounts": (),
-             "num_experts": 0, "max_model_len_why": "", "speculative": None}
+             "num_experts": 0, "max_model_len_why": "", "speculative": None,
+             "disagg": None}
 
     # derived from what the hash already holds (spec.model): never part of it (model_name: the EPLB rule's family)
     derived = {"model_name"}
@@ -327,7 +328,9 @@ def render_group(
             image=image,
             command=cmd.command,
             args=cmd.args,
-            env=_merge_env(bootstrap_env, nv_env, [{"name": k, "value": v} for k, v in cmd.env], shared_env),
+            env=_merge_env(bootstrap_env, nv_env, [{"name": k, "value": v} for k, v in cmd.env]
+                          + [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": f}}} for k, f in cmd.env_fields],
+                          shared_env),
             ports=cmd.ports,
             gpus=gpus_per_pod,
             serves_http=cmd.serves_http,

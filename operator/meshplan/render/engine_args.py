@@ -88,4 +88,8 @@ def engine_command(candidate: Candidate, serving: ServingOptions, role: PodRole)
 
     if serving.weights_refusal:
         raise RenderError(serving.weights_refusal)
-    return _engines.get(engine).command(candidate, serving, role, el, explain)
+    module = _engines.get(engine)
+    if serving.disagg is not None and not hasattr(module, "disagg_flags"):
+        raise RenderError(f"{module.TITLE} has no prefill/decode disaggregation meshplan can render; serve "
+                          "aggregated (spec.serving.disaggregation disabled) or use vllm, sglang or trtllm")
+    return module.command(candidate, serving, role, el, explain)

@@ -98,6 +98,7 @@ def plan_place_render(
     compute_domains: bool = False,
     gated: bool = True,
     replicas: int | None = None,
+    disagg: Any = None,
 ) -> PipelineResult:
     """Plan, place and render one `meshplan.api.models.LLMDeployment` on `topology`.
 
@@ -130,6 +131,8 @@ def plan_place_render(
                                  node_selector=selector)
     placement = place(request, topo, existing)
     serving, network, pods = options_from_spec(spec)
+    if disagg is not None:   # engines.base.Disaggregation: render one role of a disaggregated deployment (issue 19)
+        serving = dataclasses.replace(serving, disagg=disagg)
     network = dataclasses.replace(network, compute_domains=compute_domains)
     owner = Owner(llmd.name, llmd.namespace, str(llmd.metadata.get("uid", "")))
     rendered = render_deployment(owner, candidate, placement, topo, serving, network, pods, gated=gated)
