@@ -50,12 +50,18 @@ Algorithm
   nodes inside each. The block where the replica touches the fewest domains
   wins (then the fewest free GPUs left, then the name). A kept replica stays
   valid while all its domains are in one block.
+
+Prefill/decode disaggregation (`place_disagg`)
+- A serving unit is the decode groups and the prefill groups that feed them (the
+  plan's P:D ratio). Each unit sits inside the scope its KV path needs: one NVLink
+  domain, one network block (RDMA), or anywhere (TCP); each group inside it follows
+  the rules above, and a unit is all-or-nothing as a whole.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from meshplan.planner.types import Layout
@@ -502,3 +508,180 @@ def held_for_claims(topology: Topology, claims: Sequence[Claim], rank: tuple,
             held += usage
             owners.append(c.owner)
     return held, owners
+
+
+# ----------------------------------------------------------------------------- prefill/decode disaggregation
+
+
+KV_TIERS = ("nvlink", "ib", "roce", "efa", "rdma", "tcp")      # planner.types.KvPath.tier, and "rdma" for any fabric
+
+
+@dataclass(frozen=True)
+class DisaggUnit:
+    """One serving unit of a disaggregated deployment: the decode groups and the prefill groups that feed them
+    (the plan's P:D ratio), and where they sit: one NVLink domain (`tier` nvlink), one network block (rdma) or
+    anywhere (tcp). `prefill`/`decode`: the role-wide replica indices of its groups."""
+
+    index: int
+    tier: str
+    scope: str                     # the domain or block name ('' for tcp)
+    prefill: tuple[int, ...]
+    decode: tuple[int, ...]
+    kept: bool = False             # every group of the unit kept its nodes
+
+
+@dataclass(frozen=True)
+class DisaggPlacement:
+    """Both roles' placements (each a `PlacementResult` over the role's whole request) and the units."""
+
+    prefill: PlacementResult
+    decode: PlacementResult
+    units: tuple[DisaggUnit, ...] = ()
+    unplaced_units: tuple[tuple[int, str], ...] = ()     # (unit, why)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.unplaced_units
+
+    def usage(self) -> list[tuple[str, int]]:
+        return self.prefill.usage() + self.decode.usage()
+
+    def message(self) -> str:
+        if self.ok:
+            return (f"placed {len(self.units)} unit(s): {len(self.prefill.placed)} prefill and "
+                    f"{len(self.decode.placed)} decode group(s)")
+        return "; ".join(why for _, why in self.unplaced_units)
+
+
+def _scoped(topology: Topology, domains: Sequence[str]) -> Topology:
+    """The topology limited to `domains` (whole domains: no regrouping), usage kept."""
+    keep = set(domains)
+    ds = tuple(d for d in topology.domains if d.name in keep)
+    nodes = {n: topology.nodes[n] for d in ds for n in d.nodes}
+    return Topology(nodes=nodes, domains=ds, excluded=topology.excluded, name=topology.name,
+                    network=topology.network)
+
+
+def _scopes(topology: Topology, tier: str, products: set[str | None]) -> list[tuple[str, list[str]]]:
+    """(scope name, its domains) a unit may use for `tier`."""
+    eligible = [d for d in topology.domains if None in products or d.product in products]
+    if tier == "nvlink":
+        return [(d.name, [d.name]) for d in sorted(eligible, key=lambda d: _natural(d.name))]
+    if tier == "rdma":
+        by: dict[str, list[str]] = {}
+        for d in eligible:
+            if d.block:
+                by.setdefault(d.block, []).append(d.name)
+        return sorted(by.items())
+    return [("", [d.name for d in eligible])]
+
+
+def _shift(result: PlacementResult, base: int) -> list[ReplicaPlacement]:
+    return [replace(r, index=r.index + base) for r in result.placed]
+
+
+def place_disagg(
+    prefill: PlacementRequest,
+    decode: PlacementRequest,
+    topology: Topology,
+    *,
+    ratio: tuple[int, int],
+    tier: str,
+    existing_prefill: Mapping[int, Sequence[str]] | None = None,
+    existing_decode: Mapping[int, Sequence[str]] | None = None,
+) -> DisaggPlacement:
+    """Place a disaggregated deployment's prefill and decode groups as units (pure; issue 19, Build 3).
+
+    `ratio` (rp, rd): prefill groups per `rd` decode groups in one unit (the plan's P:D ratio); the roles'
+    `replicas` must be the same number k of units times rp and rd. `tier` is the KV path the plan priced
+    (`planner.types.KvPath.tier`: "nvlink", an RDMA fabric "ib" | "roce" | "efa" (read as "rdma"), or "tcp"):
+    a unit's groups all sit in one NVLink domain (nvlink), in one network block (rdma), or anywhere (tcp), so the
+    KV cache never takes a slower path than the plan assumed. Each group follows `place`'s own rules (its stages,
+    wide EP, all-or-nothing); a unit is all-or-nothing too: a prefill group without the decode groups it feeds
+    (or the other way round) serves nothing, so a unit that does not fit whole takes no GPUs.
+
+    Unit u holds prefill replicas [u*rp, (u+1)*rp) and decode replicas [u*rd, (u+1)*rd). Stable first: a unit
+    whose existing groups are all still valid in their scope keeps them; new units go best-fit to the scope that
+    leaves the fewest free GPUs (ties: name), decode groups first (the larger, usually)."""
+    rp, rd = ratio
+    if rp < 1 or rd < 1:
+        raise ValueError(f"P:D ratio {rp}:{rd}: both sides must be >= 1")
+    if prefill.replicas % rp or decode.replicas % rd or prefill.replicas // rp != decode.replicas // rd:
+        raise ValueError(f"{prefill.replicas} prefill and {decode.replicas} decode group(s) are not whole units of "
+                         f"P:D {rp}:{rd}")
+    if tier not in KV_TIERS:
+        raise ValueError(f"KV path tier {tier!r}: use one of {', '.join(KV_TIERS)}")
+    kind = "nvlink" if tier == "nvlink" else "tcp" if tier == "tcp" else "rdma"
+    units_n = decode.replicas // rd
+    products = {prefill.product, decode.product}
+    existing_prefill, existing_decode = existing_prefill or {}, existing_decode or {}
+    topo = topology.select(dict(decode.node_selector))
+    scopes = _scopes(topo, kind, products)
+    placed_p: list[ReplicaPlacement] = []
+    placed_d: list[ReplicaPlacement] = []
+    units: list[DisaggUnit] = []
+    unplaced: list[tuple[int, str]] = []
+    notes: list[str] = []
+
+    def attempt(u: int, scope: list[str], with_existing: bool):
+        sub = _scoped(topo, scope)
+        ex_d = {i - u * rd: existing_decode[i] for i in range(u * rd, (u + 1) * rd) if i in existing_decode}
+        ex_p = {i - u * rp: existing_prefill[i] for i in range(u * rp, (u + 1) * rp) if i in existing_prefill}
+        d = place(replace(decode, replicas=rd), sub, ex_d if with_existing else None)
+        if not d.ok:
+            return None
+        p = place(replace(prefill, replicas=rp), sub.with_usage(d.usage()), ex_p if with_existing else None)
+        if not p.ok:
+            return None
+        return d, p
+
+    for u in range(units_n):
+        mine = [n for i in range(u * rd, (u + 1) * rd) for n in existing_decode.get(i, ())] + \
+               [n for i in range(u * rp, (u + 1) * rp) for n in existing_prefill.get(i, ())]
+        home = [s for s in scopes if mine and set(mine) <= {n for d in s[1] for n in topo.domain(d).nodes}]
+        got = None
+        for name, scope in home:
+            got = attempt(u, scope, True)
+            if got is not None:
+                chosen = name
+                break
+        if got is None:
+            if mine:
+                notes.append(f"unit {u} moves: its groups' nodes {sorted(set(mine))} no longer hold the unit in one "
+                             f"{'NVLink domain' if kind == 'nvlink' else 'network block' if kind == 'rdma' else 'fleet'}")
+            best = None
+            for name, scope in scopes:
+                r = attempt(u, scope, False)
+                if r is None:
+                    continue
+                left = _scoped(topo, scope).free_gpus - sum(g for _, g in r[0].usage() + r[1].usage())
+                if best is None or (left, name) < (best[0], best[1]):
+                    best = (left, name, r)
+            if best is not None:
+                _, chosen, got = best
+        if got is None:
+            need_d = decode.gpus_per_replica * rd
+            need_p = prefill.gpus_per_replica * rp
+            where = {"nvlink": "one NVLink domain", "rdma": "one network block", "tcp": "the fleet"}[kind]
+            free = ", ".join(f"{n or 'fleet'}={_scoped(topo, s).free_gpus}" for n, s in
+                             sorted(scopes, key=lambda x: (-_scoped(topo, x[1]).free_gpus, x[0]))[:6])
+            unplaced.append((u, f"unit {u} needs {rd} decode group(s) x {decode.gpus_per_replica} GPUs and {rp} "
+                                f"prefill group(s) x {prefill.gpus_per_replica} GPUs = {need_d + need_p} GPUs in {where} "
+                                f"(the KV path the plan priced: {tier}); free GPUs: {free or 'none eligible'}"))
+            continue
+        d, p = got
+        topo = topo.with_usage(d.usage() + p.usage())
+        placed_d += _shift(d, u * rd)
+        placed_p += _shift(p, u * rp)
+        kept = all(r.kept for r in d.placed + p.placed)
+        units.append(DisaggUnit(u, kind, chosen, tuple(range(u * rp, (u + 1) * rp)),
+                                tuple(range(u * rd, (u + 1) * rd)), kept))
+
+    def role(req: PlacementRequest, placed: list[ReplicaPlacement], per: int) -> PlacementResult:
+        missing = [UnplacedReplica(i, f"replica {i}: its unit {u} is not placed: {why}", req.gpus_per_replica,
+                                   req.gpus_per_stage) for u, why in unplaced for i in range(u * per, (u + 1) * per)]
+        return PlacementResult(req, tuple(sorted(placed, key=lambda r: r.index)), tuple(missing))
+
+    return DisaggPlacement(role(prefill, placed_p, rp), role(decode, placed_d, rd), tuple(units), tuple(unplaced),
+                           tuple(notes))
