@@ -14,6 +14,9 @@ K8S_VERSION="${MESHPLAN_K8S_VERSION:-v1.36.3}"
 ETCD_VERSION="${MESHPLAN_ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${MESHPLAN_KWOK_VERSION:-v0.7.0}"   # v0.8+ needs explicit stage configs
 HELM_VERSION="${MESHPLAN_HELM_VERSION:-v3.21.4}"
+# Gateway API Inference Extension: its CRDs (InferencePool, ...) for the local cluster, from the Go module's
+# config/crd/bases/ (v1.6.0: the newest release the Go module proxy serves here; v1.6.1+ and v1.7.x refused)
+GIE_VERSION="${MESHPLAN_GIE_VERSION:-v1.6.0}"
 CACHE="${MESHPLAN_E2E_CACHE:-$HOME/.cache/meshplan-e2e}"
 BIN="$CACHE/bin-k8s-$K8S_VERSION"
 mkdir -p "$BIN"
@@ -79,8 +82,19 @@ build_gotool() {  # build_gotool NAME MODULE_PATH VERSION EXTRA_LDFLAGS VERSION_
   GOBIN="$BIN" go install -trimpath -ldflags "-s -w $ldx" "$mod@$ver"
 }
 
+fetch_gie_crds() {  # the CRD manifests of the Gateway API Inference Extension, into $CACHE/crds-gie-<version>
+  local dest="$CACHE/crds-gie-$GIE_VERSION"
+  if [ -f "$dest/inference.networking.k8s.io_inferencepools.yaml" ]; then log "inference extension CRDs $GIE_VERSION cached"; return; fi
+  local dir; dir="$(cd "$CACHE" && go mod download -json "sigs.k8s.io/gateway-api-inference-extension@$GIE_VERSION" \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')"
+  mkdir -p "$dest.tmp" && cp "$dir"/config/crd/bases/*.yaml "$dest.tmp/" && chmod u+w "$dest.tmp"/*.yaml
+  rm -rf "$dest" && mv "$dest.tmp" "$dest"
+  log "inference extension CRDs $GIE_VERSION in $dest"
+}
+
 build_kubernetes
 build_etcd
+fetch_gie_crds
 build_gotool kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" "" --version
 # helm stamps its version by ldflags in release builds; without it `helm version` says v3.21
 build_gotool helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" version
