@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from meshplan.planner.objectives import OBJECTIVES, choose, meets_slo
-from meshplan.planner.pareto import pareto_frontier
+from meshplan.planner.pareto import pareto_frontier, thin
 from meshplan.planner.search import DpPolicy, SearchSpace, search
 from meshplan.planner.types import SLO, Engine, Objective, Plan, Rejected, Workload
 
@@ -56,13 +56,6 @@ def _itl_bound(slo: SLO | None) -> float | None:
     if slo.min_tokens_per_s_per_user:
         bounds.append(1000.0 / slo.min_tokens_per_s_per_user)
     return min(bounds) if bounds else None
-
-
-def _thin(points: tuple, n: int) -> tuple:
-    if len(points) <= n:
-        return points
-    step = (len(points) - 1) / (n - 1)
-    return tuple(points[round(i * step)] for i in range(n))
 
 
 def plan(
@@ -212,7 +205,7 @@ def plan(
         choice=chosen.choice,
         objective=objective,
         reason=reason,
-        frontier=_thin(frontier, _FRONTIER_MAX),
+        frontier=thin(frontier, _FRONTIER_MAX),
         alternatives=chosen.alternatives,
         rejected=tuple(rejected),
         evaluated=evaluated,

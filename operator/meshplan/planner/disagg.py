@@ -39,7 +39,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from meshplan.planner.objectives import OBJECTIVES, meets_slo
-from meshplan.planner.pareto import pareto_frontier
+from meshplan.planner.pareto import pareto_frontier, thin
 from meshplan.planner.search import SearchSpace
 from meshplan.planner.types import (SLO, Candidate, DisaggCandidate, DisaggPlan, Engine, KvPath, Layout,
                                     Objective, Plan, Prediction, Workload)
@@ -60,13 +60,6 @@ TCP_GB_S = 12.5
 TCP_LATENCY_US = 50.0
 TCP_SOURCE = ("assumed: 100 GbE front-end NIC per node (12.5 GB/s) over kernel TCP, 50 µs per message "
               "(planner.disagg.TCP_GB_S; no measurement)")
-
-
-def _thin(items: Sequence[Any], n: int) -> list[Any]:
-    if len(items) <= n:
-        return list(items)
-    step = (len(items) - 1) / (n - 1)
-    return [items[round(i * step)] for i in range(n)]
 
 
 def kv_path(gpu: Any, prefill: Layout, decode: Layout, units: int, fleet: Any = None, *,
@@ -205,7 +198,7 @@ def _search_gpu(model: Any, g: Any, budget: int, workload: Workload, *, engine: 
         evaluated += 1
         pre.append((shape, p.prefill_ms, m.attn_dp / max(p.prefill_ms, 1e-9) / shape.gpus_per_replica))
     pre_front = pareto_frontier(pre, throughput=lambda r: r[2], interactivity=lambda r: -r[1])
-    p_shapes = [r[0] for r in _thin(pre_front, MAX_PREFILL_SHAPES)]
+    p_shapes = [r[0] for r in thin(pre_front, MAX_PREFILL_SHAPES)]
     # decode screening: the batch sweep per shape (TPOT does not depend on the prefill side)
     probe = info[p_shapes[0]][0]
     dec_pts: list[tuple[Layout, int, float, float]] = []
@@ -241,7 +234,7 @@ def _search_gpu(model: Any, g: Any, budget: int, workload: Workload, *, engine: 
     d_shapes: list[Layout] = []
     for size in sorted(by_size):
         front = pareto_frontier(by_size[size], throughput=lambda r: r[2], interactivity=lambda r: r[3])
-        d_shapes += _thin(list(dict.fromkeys(r[0] for r in front)), MAX_DECODE_SHAPES_PER_SIZE)
+        d_shapes += thin(list(dict.fromkeys(r[0] for r in front)), MAX_DECODE_SHAPES_PER_SIZE)
     fill = dp_policy != "min"
     out: list[DisaggCandidate] = []
     for ps in p_shapes:

@@ -10,7 +10,7 @@ duplicates keep the first one seen, so the result is deterministic.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from meshplan.planner.types import Candidate
@@ -55,3 +55,11 @@ def dominates(a: T, b: T, throughput: Callable[[T], float] = throughput_of,  # t
 
 
 __all__ = ["pareto_frontier", "dominates", "throughput_of", "interactivity_of"]
+
+
+def thin(points: Sequence[T], n: int) -> tuple[T, ...]:
+    """At most `n` of `points`, evenly spaced along them (the first and the last kept)."""
+    if len(points) <= n:
+        return tuple(points)
+    step = (len(points) - 1) / (n - 1)
+    return tuple(points[round(i * step)] for i in range(n))
