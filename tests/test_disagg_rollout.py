@@ -7,7 +7,10 @@ the endpoints the pool serves at every step. At every step:
 (c) with room to surge, the served capacity (units) never drops below what was served before the rollout;
 (d) with room, no group of the served revision is deleted before the new one is served;
 (e) without room, a served group is deleted only in a step that creates a new group that then fits, no step
-    holds more GPUs than the cluster has, and a group that cannot fit is explained (NoRoom) with nothing deleted.
+    holds more GPUs than the cluster has, and a group that cannot fit is explained (NoRoom) with nothing deleted;
+    a deployment of two or more units keeps at least one served throughout where an old and a new unit fit side
+    by side (served units are given up only for a group the next new unit lacks, and only while no new group is
+    starting).
 The last tests break each rule in the module and watch its invariant fail."""
 
 from __future__ import annotations
@@ -67,6 +70,11 @@ class Scenario:
     def new_gpus(self) -> int:
         p, d, _, gp, gd = self.new
         return p * gp + d * gd
+
+    @staticmethod
+    def unit_gpus(shape: tuple[int, int, tuple[int, int], int, int]) -> int:
+        _, _, (rp, rd), gp, gd = shape
+        return rp * gp + rd * gd
 
     @property
     def room(self) -> bool:
@@ -136,6 +144,10 @@ def simulate(sc: Scenario, seed: int, max_ticks: int = 300, *, max_surge: int = 
         if sc.room:
             assert _units(eps, nratio if served == NEW else oratio) >= floor, \
                 f"(c) served units below {floor} with room at t={t}\n{ctx}"
+        # (e') without room, a deployment of two or more units keeps serving at least one throughout where one
+        # old unit and one new unit fit side by side
+        if not sc.room and before >= 2 and sc.capacity >= sc.unit_gpus(sc.old) + sc.unit_gpus(sc.new):
+            assert _units(eps, nratio if served == NEW else oratio) >= 1, f"(gap) nothing served at t={t}\n{ctx}"
         done = (served == NEW and all(g.revision == NEW and g.ready_at <= t for g in state)
                 and sum(1 for g in state if g.role == "prefill") == np_
                 and sum(1 for g in state if g.role == "decode") == nd)
@@ -166,6 +178,26 @@ def test_rollout_without_room_frees_old_groups_only_for_new_ones_that_fit(name, 
     squeezed = [s for s in steps if "NoRoomToSurge" in s.reasons]
     assert squeezed, "\n".join(trace)
     assert all("served capacity" in m for s in squeezed for _, r, m in s.events if r == "NoRoomToSurge")
+
+
+def test_random_shapes_keep_every_invariant():
+    """Seeded random old/new shapes (ratios, units, GPUs per group), capacities from none spare to full surge,
+    max_surge 1 or 2: (a)-(e) at every step, and each rollout finishes."""
+    rng = random.Random(19)
+    ratios = [(1, 1), (1, 2), (2, 1), (1, 3), (3, 2)]
+    runs = 0
+    while runs < 150:
+        ro, rn = rng.choice(ratios), rng.choice(ratios)
+        uo, un = rng.randint(1, 3), rng.randint(1, 3)
+        old = (ro[0] * uo, ro[1] * uo, ro, rng.choice([4, 8]), rng.choice([4, 8]))
+        new = (rn[0] * un, rn[1] * un, rn, rng.choice([4, 8]), rng.choice([4, 8]))
+        bare = Scenario(old, new, 0)
+        cap = rng.choice([max(bare.old_gpus(), bare.new_gpus()), bare.old_gpus() + bare.new_gpus(),
+                          max(bare.old_gpus(), bare.new_gpus()) + 8, bare.old_gpus() + Scenario.unit_gpus(new)])
+        if cap < bare.new_gpus():
+            continue
+        simulate(Scenario(old, new, cap), rng.randrange(1 << 16), max_surge=rng.choice([1, 2]))
+        runs += 1
 
 
 def test_the_trace_lists_the_pools_endpoints_at_each_step():
@@ -247,6 +279,12 @@ def test_d_breaks_when_the_old_revision_drains_early(monkeypatch):
     monkeypatch.setattr(dr, "_drain", lambda others, serving_new: list(others))
     with pytest.raises(AssertionError, match=r"\(d\)"):
         _runs_all(ROOM)
+
+
+def test_the_gap_returns_when_old_units_go_while_new_groups_start(monkeypatch):
+    monkeypatch.setattr(dr, "_may_lower", lambda before, after, starting, next_unit: True)
+    with pytest.raises(AssertionError, match=r"\(gap\)"):
+        _runs_all(NO_ROOM)
 
 
 def test_e_breaks_when_old_groups_go_for_a_group_that_does_not_fit(monkeypatch):

@@ -18,10 +18,15 @@ endpoint with any decode endpoint. So the rollout is blue/green per revision, su
 5. Surge per role: new-revision groups are created (lowest free index of their role, at most `max_surge` not
    ready per role), the role furthest behind its share of the ratio first, while `room.free_gpus` holds them
    (GPUs of groups deleted in this step count as free: their pods are terminating, the new pods wait gated).
+   While the old revision is served and the rest of the new one does not fit in the free GPUs, only groups the
+   next new unit lacks are created (a group ahead of it could take the GPUs its other role needs).
 6. No room: when the next group of a role does not fit and the old revision is still served, old groups are
    deleted first, but only when the new group then fits and the whole new revision fits in the GPUs this
    deployment holds plus the free ones (not-ready first, then those whose loss costs the fewest served units);
-   the served capacity drops and an event says by how much. When it would not fit even then, or
+   the served capacity drops and an event says by how much. Old groups make room only for a group the next new
+   unit lacks, and a deletion that lowers the served units waits while new groups are starting (they may make
+   the switch possible without the loss). When it would not fit
+   even then, or
    the old revision is already drained, nothing is deleted and the event says how many GPUs it needs and has.
 
 Without room the served capacity can drop (to zero for a one-unit deployment without a GPU to spare): there is
@@ -117,6 +122,13 @@ def _fits(free: int, freed: int, need: int) -> bool:
     return free + freed >= need
 
 
+def _may_lower(before: int, after: int, starting: int, next_unit: bool) -> bool:
+    """Without room, served groups make room only for a group the next new unit lacks (GPUs spent ahead of the
+    unit would be missed by its other role), and served units are given up only while no new group is starting
+    (those may make the switch possible without the loss)."""
+    return next_unit and (after >= before or starting == 0)
+
+
 def rollout_step(live: Sequence[RoleGroup], desired: Desired, new_revision: str, room: Room, *,
                  served: str | None = None, served_ratio: tuple[int, int] | None = None,
                  max_surge: int = 1) -> Step:
@@ -199,6 +211,15 @@ def rollout_step(live: Sequence[RoleGroup], desired: Desired, new_revision: str,
         share = {"prefill": rp, "decode": rd}
         role = min(todo, key=lambda r: (count[r] / share[r], 0 if r == "decode" else 1))
         need_gpus = desired.gpus.get(role, 0)
+        next_unit = count[role] < (min(count["prefill"] // rp, count["decode"] // rd) + 1) * share[role]
+        rest = sum((desired.count(r) - count[r]) * desired.gpus.get(r, 0) for r in ROLES)
+        if S != R and not next_unit and not _fits(free, freed, rest):
+            # short of room, GPUs go to the next new unit first (a group ahead of it could starve its other role)
+            blocked.add(role)
+            events.append(("Normal", "NoRoomWaiting",
+                           f"the rest of revision {R} needs {rest} GPU(s), {free + freed} free: the next new unit "
+                           f"gets its other role before another {role} group"))
+            continue
         if not _fits(free, freed, need_gpus):
             reach = room.free_gpus + sum(g.gpus for g in live)      # free + every GPU this deployment holds
             whole = sum(desired.count(r) * desired.gpus.get(r, 0) for r in ROLES)
@@ -225,8 +246,18 @@ def rollout_step(live: Sequence[RoleGroup], desired: Desired, new_revision: str,
                 events.append(("Warning", "NoRoom", why))
                 continue
             before = units(cur, S, old_ratio)
+            after = units([g for g in cur if g not in take], S, old_ratio)
+            starting = sum(flying.values())
+            if not _may_lower(before, after, starting, next_unit):
+                blocked.add(role)
+                events.append(("Normal", "NoRoomWaiting",
+                               f"no room for a new {role} group without lowering the served capacity ({before} -> "
+                               f"{after} unit(s)) while {starting} new group(s) are starting"
+                               if next_unit else
+                               f"no room for a new {role} group: the next new unit needs its other role first; "
+                               f"old groups make room only for that"))
+                continue
             drop(take)
-            after = units(alive(), S, old_ratio)
             events.append(("Warning", "NoRoomToSurge",
                            f"no room for a surge {role} group ({need_gpus} GPU(s), {free + freed - extra} free): "
                            f"deleting {', '.join(f'{g.role} r{g.index}' for g in take)} of revision {S} first; "
