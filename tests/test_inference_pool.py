@@ -292,3 +292,16 @@ def test_epp_deployment_and_service_serve_the_pool():
     assert not ip.selects(pool["spec"]["selector"]["matchLabels"], tmpl)    # the picker is not a model server
     with pytest.raises(ValueError):
         ip.render_epp(name="r1", namespace="ns", owner=OWNER, image="")
+
+
+def test_epp_rbac_reads_pods_and_pools_in_its_namespace_only():
+    sa, role, binding = ip.render_epp_rbac(name="r1", namespace="ns", owner=OWNER)
+    assert (sa["kind"], role["kind"], binding["kind"]) == ("ServiceAccount", "Role", "RoleBinding")
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    assert granted == {(g, r, v) for g, r in (("", "pods"), (ip.POOL_GROUP, "inferencepools"))
+                       for v in ("get", "list", "watch")}
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "ns"}]
+    dep, _ = ip.render_epp(name="r1", namespace="ns", owner=OWNER, image="x", service_account=sa["metadata"]["name"])
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]

@@ -169,7 +169,26 @@ def render_epp(*, name: str, namespace: str, owner: Mapping[str, Any], image: st
     return [deployment, service]
 
 
+def render_epp_rbac(*, name: str, namespace: str, owner: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The picker's ServiceAccount, Role and RoleBinding: read Pods and InferencePools in its own namespace, as
+    GIE v1.6.0's lwepp needs (`pkg/lwepp/controller/pod_reconciler.go` and `inferencepool_reconciler.go` watch and
+    get them; `pkg/lwepp/server/controller_manager.go` caches both in the pool's namespace only). A fuller picker
+    may need more (its own CRDs, leader-election leases): add a Role beside this one."""
+    meta = {"name": epp_name(name), "namespace": namespace, "labels": epp_labels(name),
+            "ownerReferences": [dict(owner)]}
+    read = ["get", "list", "watch"]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": dict(meta),
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": read},
+                   {"apiGroups": [POOL_GROUP], "resources": ["inferencepools"], "verbs": read}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": dict(meta),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": epp_name(name)},
+         "subjects": [{"kind": "ServiceAccount", "name": epp_name(name), "namespace": namespace}]},
+    ]
+
+
 __all__ = ["APP_PROTOCOLS", "EPP_GRPC_PORT", "EPP_HEALTH_PORT", "EPP_METRICS_PORT", "FAILURE_MODES", "GIE_MODULE",
            "GIE_VERSION", "LABEL_SERVING_REVISION", "LABEL_SERVING_ROLE", "POOL_API_VERSION", "POOL_GROUP",
-           "POOL_KIND", "ROLES", "epp_labels", "epp_name", "pool_name", "pool_selector", "render_epp",
+           "POOL_KIND", "ROLES", "epp_labels", "epp_name", "pool_name", "pool_selector", "render_epp", "render_epp_rbac",
            "render_inference_pool", "role_pod_labels", "selects", "serving_revision"]
