@@ -93,6 +93,7 @@ NO_ROOM = {
     "one-spare-group": Scenario((2, 4, (1, 2), 8, 8), (2, 4, (1, 2), 8, 8), 56),
     "bigger-decode": Scenario((2, 4, (1, 2), 4, 4), (2, 2, (1, 1), 4, 8), 24),
     "one-unit": Scenario((1, 1, (1, 1), 8, 8), (1, 1, (1, 1), 8, 8), 16),
+    "ratio-change-tight": Scenario((2, 2, (1, 1), 4, 8), (4, 2, (2, 1), 4, 4), 24),
 }
 SEEDS = range(6)
 
@@ -283,6 +284,12 @@ def test_d_breaks_when_the_old_revision_drains_early(monkeypatch):
 
 def test_the_gap_returns_when_old_units_go_while_new_groups_start(monkeypatch):
     monkeypatch.setattr(dr, "_may_lower", lambda before, after, starting, next_unit: True)
+    with pytest.raises(AssertionError, match=r"\(gap\)"):
+        _runs_all(NO_ROOM)
+
+
+def test_the_gap_returns_when_groups_are_built_ahead_of_the_next_unit(monkeypatch):
+    monkeypatch.setattr(dr, "_may_build_ahead", lambda next_unit, free, rest: True)
     with pytest.raises(AssertionError, match=r"\(gap\)"):
         _runs_all(NO_ROOM)
 

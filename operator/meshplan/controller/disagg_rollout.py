@@ -122,6 +122,12 @@ def _fits(free: int, freed: int, need: int) -> bool:
     return free + freed >= need
 
 
+def _may_build_ahead(next_unit: bool, free: int, rest: int) -> bool:
+    """While the old revision serves, a group beyond the next new unit is created only when the rest of the new
+    revision fits in the free GPUs (else it could take the GPUs the unit's other role needs)."""
+    return next_unit or free >= rest
+
+
 def _may_lower(before: int, after: int, starting: int, next_unit: bool) -> bool:
     """Without room, served groups make room only for a group the next new unit lacks (GPUs spent ahead of the
     unit would be missed by its other role), and served units are given up only while no new group is starting
@@ -213,7 +219,7 @@ def rollout_step(live: Sequence[RoleGroup], desired: Desired, new_revision: str,
         need_gpus = desired.gpus.get(role, 0)
         next_unit = count[role] < (min(count["prefill"] // rp, count["decode"] // rd) + 1) * share[role]
         rest = sum((desired.count(r) - count[r]) * desired.gpus.get(r, 0) for r in ROLES)
-        if S != R and not next_unit and not _fits(free, freed, rest):
+        if S != R and not _may_build_ahead(next_unit, free + freed, rest):
             # short of room, GPUs go to the next new unit first (a group ahead of it could starve its other role)
             blocked.add(role)
             events.append(("Normal", "NoRoomWaiting",
