@@ -1,7 +1,8 @@
 """The Gateway API Inference Extension's InferencePool and its endpoint picker (EPP), rendered (pure).
 
-Source: the Go module `sigs.k8s.io/gateway-api-inference-extension` at release tag v1.6.0 (the newest the module
-proxy served here; v1.7.0 and later were not available), read from the module cache:
+Source: the Go module `sigs.k8s.io/gateway-api-inference-extension` at release tag v1.6.0 (2026-08-10), read from
+the module cache. The module proxy refused `@latest` here (403 on the version list) and v1.7.0; v1.6.0 is the
+newest tag it served (v1.0.0 to v1.6.0 were fetched). Files read:
 - `api/v1/inferencepool_types.go`: `InferencePoolSpec` {selector (LabelSelector, matchLabels only), targetPorts
   ([]Port{number}), appProtocol ("http" | "kubernetes.io/h2c"), endpointPickerRef {group, kind, name, port{number},
   failureMode ("FailOpen" | "FailClose")}}.
