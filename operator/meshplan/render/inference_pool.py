@@ -2,7 +2,7 @@
 
 Source: the Go module `sigs.k8s.io/gateway-api-inference-extension` at release tag v1.6.0 (2026-08-10), read from
 the module cache. The module proxy refused `@latest` here (403 on the version list) and v1.7.0; v1.6.0 is the
-newest tag it served (v1.0.0 to v1.6.0 were fetched). Files read:
+newest tag it served (fetched: v1.0.0, v1.1.0, v1.2.0, v1.3.0, v1.3.1, v1.4.0, v1.5.0, v1.6.0). Files read:
 - `api/v1/inferencepool_types.go`: `InferencePoolSpec` {selector (LabelSelector, matchLabels only), targetPorts
   ([]Port{number}), appProtocol ("http" | "kubernetes.io/h2c"), endpointPickerRef {group, kind, name, port{number},
   failureMode ("FailOpen" | "FailClose")}}.
@@ -191,5 +191,5 @@ def render_epp_rbac(*, name: str, namespace: str, owner: Mapping[str, Any]) -> l
 
 __all__ = ["APP_PROTOCOLS", "EPP_GRPC_PORT", "EPP_HEALTH_PORT", "EPP_METRICS_PORT", "FAILURE_MODES", "GIE_MODULE",
            "GIE_VERSION", "LABEL_SERVING_REVISION", "LABEL_SERVING_ROLE", "POOL_API_VERSION", "POOL_GROUP",
-           "POOL_KIND", "ROLES", "epp_labels", "epp_name", "pool_name", "pool_selector", "render_epp", "render_epp_rbac",
-           "render_inference_pool", "role_pod_labels", "selects", "serving_revision"]
+           "POOL_KIND", "ROLES", "epp_labels", "epp_name", "pool_name", "pool_selector", "render_epp",
+           "render_epp_rbac", "render_inference_pool", "role_pod_labels", "selects", "serving_revision"]
