@@ -202,6 +202,24 @@ def test_kv_pressure_alone_scales_decode_and_is_sourced_to_the_engines_gauges() 
         assert name in R.__doc__
 
 
+def test_a_kv_breach_is_learned_from_like_an_itl_breach() -> None:
+    # KV over the watermark for a whole up window with every decode group ready: the load per group then is
+    # what a group can hold (the KV cache holds the running batch), learned as an ITL breach is (no drift back)
+    cfg = R.RolesConfig.from_slo(SLO_, plan_ratio=(1, 1), prefill_replicas=(1, 8), decode_replicas=(1, 8),
+                                 initial_burst_rise=0.0)
+    cap = ReplicaCapacity(requests_per_s_at_slo=10.0, concurrency_at_slo=64, ready_replicas=2)
+    sp = MetricsSnapshot(ok=True, ttft_s=0.2, request_rate_per_s=5, queue_depth=0, running=2, sample_age_s=5)
+    sd = MetricsSnapshot(ok=True, itl_s=0.015, request_rate_per_s=5, queue_depth=0, running=20, kv_usage=0.95,
+                         sample_age_s=5)
+    s = R.RolesState(AutoscaleState(2), AutoscaleState(2))
+    for t in (0, 30, 60):
+        d = R.decide_roles(s, sp, sd, cfg, cap, cap, T0 + t)
+        s = d.state
+    assert d.decode.reason == P.SCALED_UP
+    assert s.decode.learned_rps_per_replica == pytest.approx(2.5) and s.decode.learned_from_ttft is False
+    assert s.prefill.learned_rps_per_replica is None
+
+
 def test_each_role_ignores_the_other_roles_latency() -> None:
     cfg = R.RolesConfig.from_slo(SLO_, plan_ratio=(1, 1), prefill_replicas=(1, 8), decode_replicas=(1, 8),
                                  initial_burst_rise=0.0)
