@@ -367,6 +367,40 @@ def test_counts_outside_the_bounds_are_corrected_by_raising_the_short_role_as_fa
     assert d.decode.desired_replicas == 6 and d.decode.reason == d.decode.policy.reason
 
 
+def test_both_roles_reach_zero_together_when_both_may() -> None:
+    # min 0 on both roles and no traffic at all: neither role's scale-down may leave the other stranded
+    # (a prefill group without decode serves nothing), and they still get to zero
+    cfg = R.RolesConfig.from_slo(SLO_, plan_ratio=(1, 1), prefill_replicas=(0, 8), decode_replicas=(0, 8),
+                                 initial_burst_rise=0.0, cooldown_s=0.0)
+    cap = ReplicaCapacity(requests_per_s_at_slo=10.0, concurrency_at_slo=64)
+    idle_p = MetricsSnapshot(ok=True, request_rate_per_s=0, queue_depth=0, running=0, sample_age_s=5)
+    idle_d = MetricsSnapshot(ok=True, request_rate_per_s=0, queue_depth=0, running=0, kv_usage=0.0, sample_age_s=5)
+    s = R.RolesState(AutoscaleState(1, below_since=T0 - 30), AutoscaleState(1))  # prefill's window is ahead
+    counts = []
+    for t in range(0, 601, 30):
+        d = R.decide_roles(s, idle_p, idle_d, cfg, cap, cap, T0 + t)
+        s = d.state
+        counts.append((d.prefill.desired_replicas, d.decode.desired_replicas))
+        assert R.RatioBounds.around(1, 1).holds(*counts[-1])
+    assert counts[-1] == (0, 0) and (1, 1) in counts
+
+
+def test_the_docs_figures_are_the_simulations() -> None:
+    doc = (__import__("pathlib").Path(__file__).parent.parent / "docs" / "autoscaling.md").read_text()
+    section = doc.split("## Disaggregated deployments", 1)[1]
+    prompt = simulate([BASE, (900, 30.0, 1536, 256)])
+    a = _after(prompt, CHANGE_AT)
+    assert (round(prompt[0][4].ttft_s, 2), round(a[0][4].ttft_s, 2)) == (0.31, 0.73)
+    assert (round(prompt[0][5].kv_usage, 2), round(a[0][5].kv_usage, 2)) == (0.45, 0.65)
+    assert next(r[0] for r in a if r[1] > 2) - CHANGE_AT == 75
+    out = _after(simulate([BASE, (900, 30.0, 1024, 384)]), CHANGE_AT)
+    assert (round(out[0][5].itl_s * 1e3, 1), round(out[0][5].kv_usage, 2)) == (28.6, 0.97)
+    assert next(r for r in out if r[2] > 3)[0] - CHANGE_AT == 75 and out[-1][2] == 5
+    for text in ("from 0.31 s to 0.73 s", "from 0.45 to 0.65", "75 s later", "ITL to 28.6 ms", "KV usage to 0.97",
+                 "3 → 5", "4-per-3 bound", "prompts 1024 → 1536", "outputs 256 → 384"):
+        assert text in section, text
+
+
 # --- capacity, whole groups ------------------------------------------------------
 
 
