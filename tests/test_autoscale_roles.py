@@ -443,6 +443,29 @@ def test_role_capacity_from_the_plans_per_role_predictions() -> None:
         R.role_capacity_from_plan(pre, "router", isl=1, osl=1)
 
 
+def test_role_capacity_from_a_real_disaggregated_plan() -> None:
+    # DeepSeek-R1 on H200 (catalogue model and GPU, the real performance model): the plan's operating point read
+    # per role. A prefill group's rate is the plan's closed-loop rate (a request's cycle includes its TTFT, as
+    # for an aggregated replica); a decode group holds a request only for its OSL x ITL, so the decode side's
+    # rate is higher by exactly (TTFT + OSL x ITL) / (OSL x ITL).
+    from meshplan.catalog.gpus import get_gpu
+    from meshplan.catalog.models import get_model
+    from meshplan.planner.disagg import plan_disagg
+    from meshplan.planner.types import Workload
+    wl = Workload(isl=8192, osl=1024)
+    c = plan_disagg(get_model("deepseek-r1"), get_gpu("h200"), mode="enabled", max_gpus=32, workload=wl,
+                    slo=SLO(ttft_ms=2000, itl_ms=15), objective="balanced").choice
+    cp = R.role_capacity_from_plan(c.prefill, "prefill", isl=wl.isl, osl=wl.osl)
+    cd = R.role_capacity_from_plan(c.decode, "decode", isl=wl.isl, osl=wl.osl)
+    decode_s = wl.osl * c.decode.prediction.tpot_ms / 1e3
+    assert cd.concurrency_at_slo == c.decode.prediction.concurrency
+    assert cd.requests_per_s_at_slo == pytest.approx(c.decode.prediction.concurrency / decode_s)
+    total_p = cp.requests_per_s_at_slo * c.prefill_workers
+    total_d = cd.requests_per_s_at_slo * c.decode_workers
+    assert total_p / total_d == pytest.approx(decode_s / (c.prefill.prediction.ttft_ms / 1e3 + decode_s))
+    assert cp.gpus_per_replica == c.prefill.layout.gpus_per_replica
+
+
 # --- metrics held per role ----------------------------------------------------------
 
 

@@ -202,6 +202,9 @@ def role_capacity_from_plan(role_candidate: Any, role: str, *, isl: int, osl: in
       holds a request for one prefill).
     - decode: output tokens/s per decode GPU x its GPUs / OSL requests/s, and `prediction.concurrency`
       (the batch one decode group runs) as its concurrency.
+    Both are the plan's operating point, which meets the SLO (as `controller.autoscaling.per_replica_capacity`
+    reads an aggregated replica): the prefill side's rate is the plan's closed-loop rate (a request's cycle
+    includes its TTFT), the decode side's is its batch over OSL x ITL (it holds a request only that long).
     `kw` passes the placement's figures (additional_replicas_that_fit, free_gpus_by_domain, ready_replicas)."""
     if role not in ROLES:
         raise ValueError(f"role {role!r}: use one of {', '.join(ROLES)}")
