@@ -401,6 +401,23 @@ def test_the_docs_figures_are_the_simulations() -> None:
         assert text in section, text
 
 
+def test_a_replica_bounds_correction_never_yields_to_the_ratio() -> None:
+    # decode's minReplicas raised to 6 under a 1:1 plan with 1 prefill group: decode goes to 6 (the spec is a hard
+    # bound) and prefill is raised into the ratio bounds (at least 3 beside 6), not decode held at 2
+    cfg = replace(CFG11, decode=replace(CFG11.decode, min_replicas=6))
+    cap = ReplicaCapacity(requests_per_s_at_slo=10.0, concurrency_at_slo=64)
+    d = R.decide_roles(R.RolesState(AutoscaleState(1), AutoscaleState(2)), *_steady(), cfg, cap, cap, T0)
+    assert d.decode.desired_replicas == 6 and d.decode.reason == P.BOUNDS_CORRECTED
+    assert d.prefill.desired_replicas == 3 and d.prefill.reason == R.RATIO_CORRECTED
+    assert "raised 1 -> 3: 1:6 after the replica-bounds correction is outside" in d.prefill.message
+    # prefill's maxReplicas lowered to 1 beside 4 decode groups: prefill goes to 1, decode... is not lowered
+    # (rule 3 only raises); the counts stay outside and the decision says so
+    cfg = replace(CFG11, prefill=replace(CFG11.prefill, max_replicas=1))
+    d = R.decide_roles(R.RolesState(AutoscaleState(2), AutoscaleState(4)), *_steady(), cfg, cap, cap, T0)
+    assert d.prefill.desired_replicas == 1 and d.prefill.reason == P.BOUNDS_CORRECTED
+    assert d.decode.desired_replicas == 4 and d.notes and "outside" in d.notes[0]
+
+
 # --- capacity, whole groups ------------------------------------------------------
 
 
@@ -427,6 +444,7 @@ def test_whole_groups_only_and_the_capacity_limit_names_the_role() -> None:
     s = R.RolesState(AutoscaleState(1), AutoscaleState(6))
     d = R.decide_roles(s, *_steady(), cfg, replace(cap_p, additional_replicas_that_fit=0), cap_d, T0)
     assert d.prefill.desired_replicas == 1 and d.notes and "outside" in d.notes[0]
+    assert "; not raised (1): 1:6 was outside" in d.prefill.message and "no more may run or fit" in d.prefill.message
 
 
 def test_role_capacity_from_the_plans_per_role_predictions() -> None:

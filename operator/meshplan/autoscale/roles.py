@@ -41,8 +41,9 @@ When the two roles' own decisions would leave the bounds, in this order:
    of another shape than the plan priced (the planner's drift check and a replan are the answer, not
    GPUs spent on the role that does not need them).
 3. only when the counts were outside the bounds before this evaluation (the plan's ratio or the bounds
-   changed) is the short role raised into them (`RatioCorrected`, like the policy's bounds correction),
-   as far as its maximum and its whole-group fit allow.
+   changed), or a role's own [min, max] correction (`policy`'s rule 1, which never yields: the spec is a hard
+   bound) takes them outside, is the short role raised into them (`RatioCorrected`), as far as its maximum
+   and its whole-group fit allow.
 
 So a role is never moved against its own signals, except by rule 3. Each role's count also stays within
 its own [min, max] and only whole groups that fit count (`ReplicaCapacity.additional_replicas_that_fit`,
@@ -70,6 +71,7 @@ from fractions import Fraction
 from typing import Any
 
 from meshplan.autoscale.policy import (
+    BOUNDS_CORRECTED,
     COND_SCALING_LIMITED,
     AutoscaleConfig,
     AutoscaleConfigError,
@@ -288,6 +290,8 @@ def decide_roles(
     p0, d0 = state.prefill.desired_replicas, state.decode.desired_replicas
     p, d = pol_p.desired_replicas, pol_d.desired_replicas
     b = config.bounds
+    # a role's own [min, max] correction (the spec changed) never yields to the ratio: the other role moves
+    fixed_p, fixed_d = pol_p.reason == BOUNDS_CORRECTED, pol_d.reason == BOUNDS_CORRECTED
     why = {"prefill": "", "decode": ""}
     corrected = {"prefill": False, "decode": False}
     before = f"{p0}:{d0}"
@@ -299,7 +303,7 @@ def decide_roles(
         lo, hi = b.prefill_range(d)
         if p > hi:
             # too many prefill per decode: 1. decode's scale-down yields, 2. prefill's scale-up yields
-            if d < d0:
+            if d < d0 and not fixed_d:
                 d_new = d
                 while d_new < d0 and p > b.prefill_range(d_new)[1]:
                     d_new += 1
@@ -308,19 +312,19 @@ def decide_roles(
                                      f"{d_new} decode group(s) ({bound_text()})")
                 d = d_new
             hi = b.prefill_range(d)[1]
-            if p > hi and p > p0:
+            if p > hi and p > p0 and not fixed_p:
                 p_new = max(p0, hi)
                 why["prefill"] = (f"wanted {p}, limited to {p_new} by {d} decode group(s) ({bound_text()}); the "
                                   "decode groups are not raised for it (their own signals do not ask)")
                 p = p_new
         elif p < lo:
             # too few prefill per decode: 1. prefill's scale-down yields, 2. decode's scale-up yields
-            if p < p0:
+            if p < p0 and not fixed_p:
                 p_new = min(p0, lo)
                 why["prefill"] = (f"scale-down {p0} -> {p} held at {p_new}: {d} decode group(s) need at least "
                                   f"{p_new} prefill group(s) ({bound_text()})")
                 p = p_new
-            if not b.holds(p, d) and d > d0:
+            if not b.holds(p, d) and d > d0 and not fixed_d:
                 d_new = d
                 while d_new > d0 and p < b.prefill_range(d_new)[0]:
                     d_new -= 1
@@ -328,13 +332,14 @@ def decide_roles(
                                  "prefill groups are not raised for it (their own signals do not ask)")
                 d = d_new
         if not b.holds(p, d):
-            # 3. outside the bounds before this evaluation: raise the short role, as far as it may and fits
+            where = f"{p}:{d} after the replica-bounds correction is" if fixed_p or fixed_d else f"{before} was"
+            # 3. outside the bounds before this evaluation, or a role's own [min, max] moved it: raise the short
+            # role, as far as it may and fits
             lo, hi = b.prefill_range(d)
             if p < lo:
                 cap = _room(p0, config.prefill, prefill_capacity)
                 p_new = max(p, min(lo, cap))
-                why["prefill"] = (f"raised {p} -> {p_new}: {before} was outside the {bound_text()}"
-                                  + ("" if p_new >= lo else f"; only {p_new} may run or fit"))
+                why["prefill"] = _raised(p, p_new, where, bound_text(), p_new >= lo)
                 corrected["prefill"] = p_new != p
                 p = p_new
             elif p > hi:
@@ -342,8 +347,7 @@ def decide_roles(
                 d_new = d
                 while d_new < cap and p > b.prefill_range(d_new)[1]:
                     d_new += 1
-                why["decode"] = (f"raised {d} -> {d_new}: {before} was outside the {bound_text()}"
-                                 + ("" if b.holds(p, d_new) else f"; only {d_new} may run or fit"))
+                why["decode"] = _raised(d, d_new, where, bound_text(), b.holds(p, d_new))
                 corrected["decode"] = d_new != d
                 d = d_new
 
@@ -357,12 +361,18 @@ def decide_roles(
 # --- helpers -----------------------------------------------------------------
 
 
+def _raised(was: int, now_: int, where: str, bounds: str, inside: bool) -> str:
+    head = f"raised {was} -> {now_}" if now_ > was else f"not raised ({was})"
+    tail = "" if inside else (f"; only {now_} may run or fit" if now_ > was else "; no more may run or fit")
+    return f"{head}: {where} outside the {bounds}{tail}"
+
+
 def _room(current: int, c: AutoscaleConfig, cap: ReplicaCapacity) -> int:
-    """The most groups a role may have now: its max, and only whole groups that fit."""
+    """The most groups a role may be raised to now: its max, and only whole groups that fit beside `current`."""
     most = c.max_replicas
     if cap.additional_replicas_that_fit is not None:
         most = min(most, current + max(0, cap.additional_replicas_that_fit))
-    return max(current, most)
+    return most
 
 
 def _role(role: str, pol: Decision, target: int, prev: AutoscaleState, why: str, corrected: bool,
