@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshplan.autoscale import policy as P
 from meshplan.autoscale import roles as R
@@ -416,6 +418,50 @@ def test_a_replica_bounds_correction_never_yields_to_the_ratio() -> None:
     d = R.decide_roles(R.RolesState(AutoscaleState(2), AutoscaleState(4)), *_steady(), cfg, cap, cap, T0)
     assert d.prefill.desired_replicas == 1 and d.prefill.reason == P.BOUNDS_CORRECTED
     assert d.decode.desired_replicas == 4 and d.notes and "outside" in d.notes[0]
+
+
+_lat = st.one_of(st.none(), st.floats(0.0, 5.0))
+
+
+@settings(max_examples=300, deadline=None)
+@given(rp=st.integers(1, 4), rd=st.integers(1, 4), d0=st.integers(1, 8), pick=st.floats(0, 1),
+       ttft=_lat, itl=st.one_of(st.none(), st.floats(0.0, 0.1)), kv=st.one_of(st.none(), st.floats(0.0, 1.0)),
+       rps_p=st.floats(0.0, 60.0), rps_d=st.floats(0.0, 60.0), queue=st.floats(0.0, 200.0),
+       fit_p=st.one_of(st.none(), st.integers(0, 4)), fit_d=st.one_of(st.none(), st.integers(0, 4)),
+       elapsed=st.sampled_from([0.0, 60.0, 400.0]), bad=st.sampled_from(["", "prefill", "decode"]))
+def test_properties_ratio_whole_groups_fit_and_direction(rp, rd, d0, pick, ttft, itl, kv, rps_p, rps_d, queue,
+                                                         fit_p, fit_d, elapsed, bad) -> None:
+    bounds = R.RatioBounds.around(rp, rd)
+    lo, hi = bounds.prefill_range(d0)
+    p0 = lo + int(pick * (hi - lo))                     # any count inside the bounds to start from
+    cfg = R.RolesConfig.from_slo(SLO_, plan_ratio=(rp, rd), prefill_replicas=(1, 64), decode_replicas=(1, 64),
+                                 initial_burst_rise=0.0)
+    sp = MetricsSnapshot(ok=True, ttft_s=ttft, request_rate_per_s=rps_p, queue_depth=queue, running=rps_p,
+                         sample_age_s=5)
+    sd = MetricsSnapshot(ok=True, itl_s=itl, request_rate_per_s=rps_d, queue_depth=queue, running=rps_d * 4,
+                         kv_usage=kv, sample_age_s=5)
+    if bad == "prefill":
+        sp = MetricsSnapshot.failed(METRICS_UNAVAILABLE, "down")
+    elif bad == "decode":
+        sd = MetricsSnapshot.failed(METRICS_UNAVAILABLE, "down")
+    cap_p = ReplicaCapacity(requests_per_s_at_slo=5.0, additional_replicas_that_fit=fit_p)
+    cap_d = ReplicaCapacity(requests_per_s_at_slo=5.0, concurrency_at_slo=32, additional_replicas_that_fit=fit_d)
+    state = R.RolesState(AutoscaleState(p0, above_since=T0 - elapsed, below_since=T0 - elapsed),
+                         AutoscaleState(d0, above_since=T0 - elapsed, below_since=T0 - elapsed))
+    d = R.decide_roles(state, sp, sd, cfg, cap_p, cap_d, T0)
+    p, q = d.prefill.desired_replicas, d.decode.desired_replicas
+    assert isinstance(p, int) and isinstance(q, int)
+    assert bounds.holds(p, q) and not d.notes              # started inside: stays inside
+    for role, new, old, fit in (("prefill", p, p0, fit_p), ("decode", q, d0, fit_d)):
+        r = d.role(role)
+        assert 1 <= new <= 64
+        if fit is not None:
+            assert new <= old + fit                       # never more groups than fit
+        # never moved against its own signals, and never further than its own policy asked
+        assert min(old, r.policy.desired_replicas) <= new <= max(old, r.policy.desired_replicas)
+        assert r.state.desired_replicas == new
+        if bad == role:
+            assert new == old and r.reason == METRICS_UNAVAILABLE
 
 
 # --- capacity, whole groups ------------------------------------------------------
