@@ -8,10 +8,13 @@ wire it yet (the disaggregated deployment is not deployed); this is the decision
 
 Signals per role (each role's pods are queried on their own, so each has its own `MetricsSnapshot`):
 
-- prefill groups: the TTFT SLO ratio (the prefill pods' TTFT histogram) and the load: completed requests/s
-  plus the waiting queue (`policy`'s demand = rate + queue / queue_drain_s), sized against the plan's
-  requests/s per prefill group. Not ITL: a prefill worker emits one token per request (vLLM's disaggregated
-  prefill runs `max_tokens=1`), so its ITL says nothing; the role's config has no ITL target.
+- prefill groups: the TTFT SLO ratio (the prefill pods' own TTFT histogram: queue + prefill, the part the
+  prefill count changes; the KV transfer and the decode side's first step are not in it) and the load:
+  completed requests/s plus the waiting queue (`policy`'s demand = rate + queue / queue_drain_s), sized
+  against the plan's requests/s per prefill group. Not ITL: a prefill worker emits one token per request
+  (the vLLM router meshplan renders, vllm tests/v1/kv_connector/nixl_integration/toy_proxy_server.py
+  `send_request_to_service`, sends the prefill request with `max_tokens = 1`), so its ITL says nothing; the
+  role's config has no ITL target.
 - decode groups: the ITL SLO ratio and KV-cache pressure (`policy`'s "kv" ratio: the fullest decode pod's
   KV usage / `kv_high_watermark`, default 0.9: add a group above 90 % used, allow one less below
   0.9 x down_threshold = 72 %), plus the load (rate, queue, and the running requests against the plan's
