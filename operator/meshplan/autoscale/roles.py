@@ -130,7 +130,7 @@ class RatioBounds:
         """Whole prefill counts allowed beside `decode` decode groups: (lo, hi), lo <= hi."""
         if decode <= 0:
             return 0, 0
-        lo = max(1, math.ceil(self.low * decode))
+        lo = math.ceil(self.low * decode)  # >= 1: low > 0, so one prefill group at least beside any decode group
         hi = max(lo, math.floor(self.high * decode))
         return lo, hi
 
