@@ -9,6 +9,13 @@ status for the next evaluation.
 Signals
 - SLO ratio = observed percentile / target, for TTFT and ITL (each only when
   the SLO sets a target). An idle deployment has no latency samples: ratio 0.
+- KV pressure (only with `kv_high_watermark` set; off by default, so an
+  aggregated deployment never reads it): KV-cache usage of the fullest replica
+  / the high-watermark, as a third ratio named "kv" with the same thresholds
+  (above 1.0 asks for a replica, below `down_threshold` allows one less). A KV
+  breach is read like an ITL breach (a replica's steady load: the KV cache
+  holds the running batch), so it is learned from. Used by the decode role of
+  a disaggregated deployment (`autoscale.roles`).
 - Demand = completed requests/s + queued requests / `queue_drain_s`. Completed
   requests alone under-read demand when replicas are saturated (they complete
   at most what they can serve); the queue term is what is piling up.
@@ -175,6 +182,7 @@ class AutoscaleConfig:
     initial_burst_half_life_s: float = 14400.0
     load_down_margin: float = 0.1
     percentile: float = 99.0  # of the latency targets (for messages; the queries carry it)
+    kv_high_watermark: float | None = None  # KV usage (0..1) above which to add a replica; None: not a signal
 
     def __post_init__(self) -> None:
         def need(ok: bool, spec_name: str, fix: str) -> None:
@@ -225,6 +233,8 @@ class AutoscaleConfig:
         need(_is_num(self.load_down_margin) and self.load_down_margin >= 0, "load_down_margin", "must be >= 0")
         need(_is_num(self.initial_burst_half_life_s) and self.initial_burst_half_life_s > 0,
              "initial_burst_half_life_s", "must be > 0")
+        need(self.kv_high_watermark is None or (_is_num(self.kv_high_watermark) and 0 < self.kv_high_watermark <= 1),
+             "kv_high_watermark", "must be a fraction in (0, 1] or unset")
 
     @classmethod
     def from_slo(cls, slo: SLO, *, min_replicas: int, max_replicas: int, **overrides: Any) -> AutoscaleConfig:
@@ -428,7 +438,7 @@ def decide(
     down_replicas = _replicas_for_load(demand * down_headroom, (queue + running) * down_headroom, capacity, learned,
                                        config, no_traffic)
     # A signal with no series never lets the fleet shrink: scale-down needs every signal its
-    # checks read (each targeted latency, request rate, queue, running); KV usage is not one.
+    # checks read (each targeted latency, request rate, queue, running); KV usage only with kv_high_watermark.
     blind = _down_blind(snapshot, config)
     down = (
         not blind
@@ -461,7 +471,8 @@ def decide(
             msg = f"{signal}; cooldown until {state.last_change_at + config.cooldown_s - now:.0f}s from now"
             return Decision(current, current, COOLDOWN, msg, (active,), base, current, **extra)
         if settled:
-            itl_breach = dict(ratios).get("itl", 0.0) > config.up_threshold
+            # ITL and KV usage follow a replica's steady load (not a burst's transient queue)
+            itl_breach = max(dict(ratios).get("itl", 0.0), dict(ratios).get("kv", 0.0)) > config.up_threshold
             bounced = state.last_down_at is not None and now - state.last_down_at <= 2 * config.down_window_s
             if breach_peak and (itl_breach or bounced) and (learned is None or breach_peak < learned):
                 # The SLO broke at this load per replica for a whole window: that is the
@@ -519,6 +530,8 @@ def _slo_ratios(s: MetricsSnapshot, c: AutoscaleConfig) -> tuple[tuple[str, floa
             # assess() guarantees a missing latency only when nothing is being served
             # (a histogram with no series at all is a missing signal: no ratio, no scale-down)
             out.append((name, 0.0 if observed is None else observed / target))
+    if c.kv_high_watermark is not None and s.kv_usage is not None and not s.is_missing("kv_usage"):
+        out.append(("kv", s.kv_usage / c.kv_high_watermark))
     return tuple(out)
 
 
@@ -648,6 +661,8 @@ def _down_blind(s: MetricsSnapshot, c: AutoscaleConfig) -> list[str]:
         needed.append("ttft_s")
     if c.itl_target_s is not None:
         needed.append("itl_s")
+    if c.kv_high_watermark is not None:
+        needed.append("kv_usage")
     return [n for n in needed if s.is_missing(n)]
 
 
@@ -658,7 +673,10 @@ def _active_condition(s: MetricsSnapshot, c: AutoscaleConfig) -> Condition:
     parts = []
     for m in s.missing:
         signal = m.split(" ", 1)[0]
-        parts.append(f"{m}: {_WITHOUT.get(signal, 'not used')}")
+        without = _WITHOUT.get(signal, 'not used')
+        if signal == "kv_usage" and c.kv_high_watermark is not None:
+            without = "KV usage is not compared with its high-watermark"
+        parts.append(f"{m}: {without}")
     blind = _down_blind(s, c)
     tail = (f"; no scale-down while {', '.join(blind)} {'is' if len(blind) == 1 else 'are'} missing" if blind
             else "; scaling on the other signals")
@@ -683,7 +701,10 @@ def _describe(
 ) -> str:
     targets = {"ttft": c.ttft_target_s, "itl": c.itl_target_s}
     p = f"p{c.percentile:g}"
-    parts = [f"{p} {n.upper()} {r * targets[n]:.3g}s is {r:.2f}x its {targets[n]:.3g}s target" for n, r in ratios]
+    parts = [f"{p} {n.upper()} {r * targets[n]:.3g}s is {r:.2f}x its {targets[n]:.3g}s target" for n, r in ratios
+             if n in targets]
+    parts += [f"KV-cache usage {r * c.kv_high_watermark:.2f} is {r:.2f}x its {c.kv_high_watermark:.2f} high-watermark"
+              for n, r in ratios if n == "kv" and c.kv_high_watermark is not None]
     load = f"demand {demand:.3g} req/s ({queue:.0f} queued)"
     if load_replicas is not None:
         per = _per_replica_rps(cap, learned)
