@@ -45,19 +45,21 @@ def main() -> int:
     targets = {64: 0.5, 1024: 3.0}
     ok = True
     runs = [(g, t, slo) for g, t in targets.items()] + [(g, t, None) for g, t in targets.items()]
-    for gpus, target, slo in runs:
-        times = []
-        for i in range(args.repeat + 1):
+    def timed(call):
+        """(first call s, the following runs' times, the last result): each run on fresh caches."""
+        times, result = [], None
+        for _ in range(args.repeat + 1):
             for cache in (memory._memory_fit, perf._stage):
                 cache.cache_clear()
             t = time.perf_counter()
-            p = plan(model, gpu, max_gpus=gpus, workload=Workload(isl=1024, osl=256), slo=slo,
-                     objective="balanced", engine="trtllm", space=space)
-            dt = time.perf_counter() - t
-            if i == 0:
-                print(f"{gpus:>5} GPUs, {'SLO' if slo else 'no SLO'}: first call {dt:.3f} s")
-            else:
-                times.append(dt)
+            result = call()
+            times.append(time.perf_counter() - t)
+        return times[0], times[1:], result
+
+    for gpus, target, slo in runs:
+        first, times, p = timed(lambda: plan(model, gpu, max_gpus=gpus, workload=Workload(isl=1024, osl=256),
+                                             slo=slo, objective="balanced", engine="trtllm", space=space))
+        print(f"{gpus:>5} GPUs, {'SLO' if slo else 'no SLO'}: first call {first:.3f} s")
         med = statistics.median(times)
         ok &= med <= target
         print(f"{gpus:>5} GPUs, {'SLO' if slo else 'no SLO'}: median {med:.3f} s over {len(times)} runs (target <= {target} s) "
@@ -68,18 +70,10 @@ def main() -> int:
     from meshplan.planner.disagg import plan_disagg
 
     for slo_d in (SLO(ttft_ms=5000, min_tokens_per_s_per_user=20), None):   # `slo` was rebound above
-        times = []
-        for i in range(args.repeat + 1):
-            for cache in (memory._memory_fit, perf._stage):
-                cache.cache_clear()
-            t = time.perf_counter()
-            d = plan_disagg(model, gpu, mode="auto", max_gpus=1024, workload=Workload(isl=1024, osl=256),
-                            slo=slo_d, objective="balanced", engine="trtllm", space=space)
-            dt = time.perf_counter() - t
-            if i == 0:
-                print(f" 1024 GPUs with disaggregation, {'SLO' if slo_d else 'no SLO'}: first call {dt:.3f} s")
-            else:
-                times.append(dt)
+        first, times, d = timed(lambda: plan_disagg(model, gpu, mode="auto", max_gpus=1024,
+                                                    workload=Workload(isl=1024, osl=256), slo=slo_d,
+                                                    objective="balanced", engine="trtllm", space=space))
+        print(f" 1024 GPUs with disaggregation, {'SLO' if slo_d else 'no SLO'}: first call {first:.3f} s")
         med = statistics.median(times)
         ok &= med <= 5.0
         print(f" 1024 GPUs with disaggregation, {'SLO' if slo_d else 'no SLO'}: median {med:.3f} s over "
