@@ -25,3 +25,13 @@ def test_meshplan_imports_and_cli_help(capsys):
 
     assert main([]) == 2  # no command: prints help, exit code 2
     assert "dev-cluster" in capsys.readouterr().out
+
+
+def test_no_two_test_modules_share_a_basename():
+    """pytest imports test modules by basename (no __init__.py in tests/ or e2e/): two files of one name stop the
+    whole run at collection ("import file mismatch"), as e2e/test_inference_pool.py beside
+    tests/test_inference_pool.py once did."""
+    from collections import Counter
+
+    names = Counter(p.name for d in ("tests", "e2e") for p in (REPO / d).rglob("test_*.py"))
+    assert not [n for n, c in names.items() if c > 1]
