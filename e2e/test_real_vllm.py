@@ -366,9 +366,11 @@ def check_observed_and_drift(cluster, prom, watch, conv: dict[str, Any], t_load_
             assert float(q.group(1)) == pytest.approx(expect, rel=0.01), (q.group(1), ob, a)
             quoted.append((ev.n, float(q.group(1)), ob["capacityRps"], learned))
     assert quoted, [(_auto(x.obj).get("reason") or "")[:200] for x in evs[-5:]]
-    # ... and before the policy learned a capacity of its own, the corrected figure itself, below the plan's
-    assert any(lr is None and q == pytest.approx(c, rel=0.01) and c < at.observed["predictedCapacityRps"] /
-               (1 + drift.DRIFT_THRESHOLD) for _, q, c, lr in quoted), quoted
+    # ... and before the policy learned a capacity of its own, the corrected figure itself, already below the
+    # plan's (how far below depends on how many evaluations ran before the first breach taught the policy one:
+    # a loaded machine gives fewer; the corrected figure's own convergence is asserted just below)
+    assert any(lr is None and q == pytest.approx(c, rel=0.01) and c < at.observed["predictedCapacityRps"]
+               for _, q, c, lr in quoted), quoted
     assert at.observed["capacityRps"] < at.observed["predictedCapacityRps"] / (1 + drift.DRIFT_THRESHOLD), at.observed
     mark(f"capacity per replica: predicted {at.observed['predictedCapacityRps']} req/s, corrected "
          f"{at.observed['capacityRps']} req/s; the decisions quote (n, quoted, corrected, learned) {quoted[:2] + quoted[-2:]}")
