@@ -80,7 +80,8 @@ Objective = Literal["maxThroughput", "bestInteractivity", "balanced", "minCostWi
 AutoOnOff = Literal["auto", "enabled", "disabled"]
 Percentile = Literal[50, 90, 95, 99]
 Transport = Literal["auto", "nvlink", "infiniband", "roce", "efa", "tcp"]
-ConditionType = Literal["Planned", "Placed", "Available", "Progressing", "Degraded", "ScalingLimited", "ScalingActive"]
+ConditionType = Literal["Planned", "Placed", "Available", "Progressing", "Degraded", "ScalingLimited", "ScalingActive",
+                        "Routed"]
 
 # Bits per weight/KV element of each dtype: the order `precision.accuracyFloor` uses.
 DTYPE_BITS: dict[str, int] = {"bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "fp4": 4}
@@ -1597,7 +1598,7 @@ class Condition(ApiModel):
     """A metav1.Condition: the standard shape of an observation."""
 
     type: str = _str(
-        "Condition type: Planned, Placed, Available, Progressing, Degraded, ScalingLimited or ScalingActive (autoscaler metrics healthy).", 316,
+        "Condition type: Planned, Placed, Available, Progressing, Degraded, ScalingLimited, ScalingActive (autoscaler metrics healthy) or Routed (disaggregated deployments: the InferencePool serves a revision).", 316,
         r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
