@@ -56,3 +56,32 @@ def test_an_aggregated_spec_is_reconciled_as_before():
     assert sorted(o["metadata"]["name"] for o in pods) == ["llama-r0-0"]
     assert "disaggregation" not in api.body["status"]
     assert {k for k, _ in api.objects} == {"Pod", "Service"}
+
+
+def test_switching_a_running_deployment_between_serving_modes_changes_nothing_and_says_why():
+    """disabled after enabled: decide.py would read r1-prefill-r0-0 and r1-decode-r0-0 as one replica group (both
+    index 0) and delete one; instead nothing changes and the condition names the field. The other way round
+    (aggregated pods, then enabled) keeps the aggregated group."""
+    m = r1()
+    m["metadata"].update(name="r1", namespace="ns", uid="u-1", generation=1)
+    api, rec = _reconciler(m, "hgx-h200-ib")
+    asyncio.run(rec.reconcile("ns", "r1"))
+    before = {n: o["metadata"].get("uid") for (k, n), o in api.objects.items() if k == "Pod"}
+    assert sorted(before) == ["r1-decode-r0-0", "r1-prefill-r0-0"]
+    api.body["spec"].pop("serving")
+    api.body["metadata"]["generation"] = 2
+    asyncio.run(rec.reconcile("ns", "r1"))
+    after = {n: o["metadata"].get("uid") for (k, n), o in api.objects.items() if k == "Pod"}
+    assert after == before
+    msgs = [c for c in api.body["status"]["conditions"] if c.get("reason") == "ServingModeChange"]
+    assert msgs and "spec.serving.disaggregation" in msgs[0]["message"] and "r1-prefill-r0-0" in msgs[0]["message"]
+
+    agg = _manifest()
+    api2, rec2 = _reconciler(agg, "hgx-h100")
+    asyncio.run(rec2.reconcile("ns", "llama"))
+    pods = {n for (k, n), _ in api2.objects.items() if k == "Pod"}
+    api2.body["spec"]["serving"] = {"disaggregation": "enabled", "router": {"image": "registry.example/epp:v1.6.0"}}
+    api2.body["metadata"]["generation"] = 2
+    asyncio.run(rec2.reconcile("ns", "llama"))
+    assert {n for (k, n), _ in api2.objects.items() if k == "Pod"} == pods
+    assert not {k for k, _ in api2.objects} & {"Deployment", "Role", "RoleBinding"}

@@ -532,6 +532,27 @@ class Result:
     written: str = ""          # what the writes were ("PATCH pods/x-r0-0, POST events", see kube.WriteCount)
 
 
+
+
+def _serving_mode_switch(pods: list, disaggregated: bool) -> str:
+    """Why this reconcile must not act ('' when it may): the deployment's running pods serve the other mode
+    (aggregated groups while the plan is now disaggregated, or prefill/decode groups while it is aggregated).
+    Switching a running deployment between the two is not supported yet (issue 19): its pods keep serving."""
+    from meshplan.render.inference_pool import LABEL_SERVING_ROLE
+
+    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    role = [p for p in live if LABEL_SERVING_ROLE in ((p.get("metadata") or {}).get("labels") or {})]
+    other = role if not disaggregated else [p for p in live if p not in role]
+    if not other:
+        return ""
+    now, was = ("disaggregated", "aggregated") if disaggregated else ("aggregated", "disaggregated")
+    return (f"the plan is now {now} serving but {len(other)} pod(s) of this deployment serve {was} "
+            f"({', '.join(sorted(p['metadata']['name'] for p in other)[:4])}); switching a running deployment between "
+            f"aggregated and disaggregated serving is not supported yet: nothing was changed and they keep serving. "
+            f"Set spec.serving.disaggregation back (under auto: pin enabled or disabled), or delete and re-create "
+            f"the deployment")
+
+
 @dataclass
 class Reconciler:
     kube: Kube
@@ -847,10 +868,17 @@ class Reconciler:
                                  **common))
         from meshplan.controller.decide_disagg import disaggregation_status, is_disaggregated_spec
 
-        if is_disaggregated_spec(spec):
-            split = self._decide_disagg(spec, plan, topology, desired, common, replicas_why)
-            if split is not None:
-                return split
+        split = self._decide_disagg(spec, plan, topology, desired, common, replicas_why) \
+            if is_disaggregated_spec(spec) else None
+        switch = _serving_mode_switch(common["pods"], split is not None)
+        if switch:
+            # Running pods of the other serving mode: decide.py reads groups by replica index and would pair a
+            # prefill and a decode pod as one group; decide_disagg does not know aggregated groups. Nothing is
+            # changed (rule 1: no plan), the condition says what to do.
+            return decide(Inputs(desired_replicas=desired, planned_reason="ServingModeChange",
+                                 planned_message=switch, **common))
+        if split is not None:
+            return split
         target = self._with_policy(target_for(spec, plan, topology, bool(self.compute_domains)))
         outcome = decide(Inputs(desired_replicas=desired, target=target, replicas_why=replicas_why, **common))
         if is_disaggregated_spec(spec) and common["uid"] in self.disagg_plans:
