@@ -137,6 +137,11 @@ INVALID_CASES: list[tuple[str, dict, str]] = [
     ("workload-input-zero", {"workload": {"inputTokens": 0}}, "spec.workload.inputTokens"),
     ("nccl-transport-unknown", {"nccl": {"transport": "nvswitch"}}, "spec.nccl.transport"),
     ("unknown-field", {"replicaCount": 3}, "spec.replicaCount"),
+    ("disaggregation-unknown", {"serving": {"disaggregation": "on"}}, "spec.serving.disaggregation"),
+    ("disaggregation-enabled-without-router-image", {"serving": {"disaggregation": "enabled"}},
+     "spec.serving.router.image"),
+    ("disaggregation-auto-without-router-image", {"serving": {"disaggregation": "auto", "router": {}}},
+     "spec.serving.router.image"),
 ]
 
 # (case id, spec patch of the object first created, spec patch of the update, field path)

@@ -93,7 +93,13 @@ EXPECTED_WORKLOADS = (grants("meshplan.dev", ["llmdeployments"], READ + ["patch"
                       | grants("", ["pods", "services"], WRITE_CHILD)
                       | grants("", ["events"], ["create", "patch"])
                       # TensorRT-LLM multi-node: the deployment's ssh Secret (never listed or watched)
-                      | grants("", ["secrets"], ["get", "create", "patch"]))
+                      | grants("", ["secrets"], ["get", "create", "patch"])
+                      # disaggregated deployments (issue 19): the InferencePool, its endpoint picker and the
+                      # picker's RBAC (whose read rights on pods and inferencepools the operator must hold)
+                      | grants("inference.networking.k8s.io", ["inferencepools"], READ + ["create", "patch", "delete"])
+                      | grants("apps", ["deployments"], ["get", "create", "patch", "delete"])
+                      | grants("", ["serviceaccounts"], ["get", "create", "patch", "delete"])
+                      | grants("rbac.authorization.k8s.io", ["roles", "rolebindings"], ["get", "create", "patch", "delete"]))
 PEERING_VERBS = READ + ["patch"]
 # a namespace-scoped operator lists GPU pods of every namespace (free GPUs are shared)
 FOREIGN_PODS = grants("", ["pods"], ["list"])

@@ -155,6 +155,22 @@ ClusterRole when watching all namespaces, else in one Role per watched namespace
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
+# Disaggregated deployments (spec.serving.disaggregation, issue 19): the InferencePool of the Gateway API
+# Inference Extension, its endpoint picker's Deployment and ServiceAccount, and the picker's Role/RoleBinding
+# (read pods and inferencepools in its namespace: the operator holds those rights itself, which RBAC requires
+# of whoever grants them). Read by name, never listed or watched (except inferencepools: granted to the picker).
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create", "patch", "delete"]
 {{- if and .Values.peering.enabled (not .Values.watch.allNamespaces) }}
 # kopf peering of a namespaced operator: keep-alives in each namespace's KopfPeering.
 - apiGroups: ["kopf.dev"]

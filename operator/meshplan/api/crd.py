@@ -56,6 +56,8 @@ _DROP_KEYS = {"title", "propertyNames", "$defs", "discriminator", "examples"}
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.name", "description": "Model name"},
     {"name": "Layout", "type": "string", "jsonPath": ".status.plan.layout", "description": "Planned layout per replica, e.g. TP4·EP4·PP4"},
+    {"name": "Roles", "type": "string", "jsonPath": ".status.disaggregation.label",
+     "description": "Prefill and decode roles of a disaggregated deployment, e.g. P2×TP4 + D1×EP16 (empty: aggregated)"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Replicas whose pods are all ready"},
     {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas", "description": "Replicas meshplan is driving toward"},
     {

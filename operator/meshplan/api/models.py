@@ -80,7 +80,8 @@ Objective = Literal["maxThroughput", "bestInteractivity", "balanced", "minCostWi
 AutoOnOff = Literal["auto", "enabled", "disabled"]
 Percentile = Literal[50, 90, 95, 99]
 Transport = Literal["auto", "nvlink", "infiniband", "roce", "efa", "tcp"]
-ConditionType = Literal["Planned", "Placed", "Available", "Progressing", "Degraded", "ScalingLimited", "ScalingActive"]
+ConditionType = Literal["Planned", "Placed", "Available", "Progressing", "Degraded", "ScalingLimited", "ScalingActive",
+                        "Routed"]
 
 # Bits per weight/KV element of each dtype: the order `precision.accuracyFloor` uses.
 DTYPE_BITS: dict[str, int] = {"bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "fp4": 4}
@@ -1457,6 +1458,44 @@ class ResourcesSpec(ApiModel):
         "CPU or ephemeral-storage limit by default). A memory limit below the memory request lowers the request.")
 
 
+class RouterSpec(ApiModel):
+    """The router in front of a disaggregated deployment: the Gateway API Inference Extension's InferencePool
+    and its endpoint picker (docs/disaggregation.md)."""
+
+    image: str | None = _str(
+        "Container image of the endpoint picker (EPP) the deployment's InferencePool names. meshplan pins none: "
+        "GIE v1.6.0's lightweight EPP has no prefill/decode scheduling profile, so a pd-aware picker (one that "
+        "reads the meshplan.dev/serving-role label and takes --pool-name/--pool-namespace) is the operator's "
+        "choice. Required when spec.serving.disaggregation is auto or enabled.",
+        512, r"^[^\s]+$", default=None,
+    )
+
+
+class ServingSpec(ApiModel):
+    """How requests are served: aggregated replicas, or prefill and decode on separate workers."""
+
+    disaggregation: AutoOnOff = Field(
+        default="disabled",
+        description="Prefill/decode disaggregation: disabled (default: every replica prefills and decodes, as "
+        "before this field existed, so existing manifests keep their plan and pods), enabled (prefill and decode "
+        "groups of the planner's layouts and P:D ratio, behind an InferencePool), or auto (the planner compares "
+        "both per spec.objective and deploys the better one; status.disaggregation says why).",
+    )
+    router: RouterSpec | None = Field(default=None, description="The InferencePool's endpoint picker.")
+
+    RULES = (
+        Rule(
+            "!has(self.disaggregation) || self.disaggregation == 'disabled' || "
+            "(has(self.router) && has(self.router.image))",
+            "spec.serving.router.image is required when spec.serving.disaggregation is auto or enabled: the "
+            "InferencePool of a disaggregated deployment needs an endpoint picker image (meshplan pins none)",
+            ".router.image",
+            lambda s: s.disaggregation == "disabled" or (s.router is not None and s.router.image is not None),
+            "FieldValueRequired",
+        ),
+    )
+
+
 class LLMDeploymentSpec(ApiModel):
     """Desired state of one LLM inference service. meshplan never writes spec."""
 
@@ -1494,6 +1533,10 @@ class LLMDeploymentSpec(ApiModel):
     resources: ResourcesSpec | None = Field(
         default=None, description="CPU, memory and ephemeral-storage requests/limits of the engine containers, "
         "replacing meshplan's defaults key by key (sized from the plan: docs/pods.md).")
+    serving: ServingSpec | None = Field(
+        default=None, description="Aggregated or prefill/decode disaggregated serving, and the router. Absent: "
+        "aggregated (disaggregation disabled); absent rather than defaulted so that a spec without it plans and "
+        "hashes exactly as before.")
 
     RULES = (
         Rule(
@@ -1555,7 +1598,7 @@ class Condition(ApiModel):
     """A metav1.Condition: the standard shape of an observation."""
 
     type: str = _str(
-        "Condition type: Planned, Placed, Available, Progressing, Degraded, ScalingLimited or ScalingActive (autoscaler metrics healthy).", 316,
+        "Condition type: Planned, Placed, Available, Progressing, Degraded, ScalingLimited, ScalingActive (autoscaler metrics healthy) or Routed (disaggregated deployments: the InferencePool serves a revision).", 316,
         r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
@@ -1674,6 +1717,50 @@ class ObservedStatus(ApiModel):
     replan_layout: str | None = _str("The layout a re-plan with the corrected figures would choose, when it differs from the running one.", 256, default=None)
 
 
+class DisaggRoleStatus(ApiModel):
+    """One role of a disaggregated deployment: its layout per group, its groups, its predicted latency."""
+
+    layout: str | None = _str("Layout of one group of the role, e.g. TP8 or TP4·EP16.", 256, default=None)
+    replicas: int | None = Field(default=None, ge=0, description="Groups of the role the plan deploys.")
+    ttft_ms: float | None = Field(default=None, ge=0, description="Predicted time to first token of the prefill "
+                                  "role (queue and prefill), milliseconds.")
+    itl_ms: float | None = Field(default=None, ge=0, description="Predicted inter-token latency of the decode role, "
+                                 "milliseconds.")
+
+
+class KvPathStatus(ApiModel):
+    """Where the KV cache moves from a prefill group to a decode group."""
+
+    tier: str | None = _str("nvlink, rdma (with its fabric) or tcp: the slowest path any unit needs.", 64,
+                            default=None)
+
+
+class AggregatedAlternative(ApiModel):
+    """The aggregated plan the disaggregated one was compared with."""
+
+    label: str | None = _str("Its layout, e.g. TP8 x DP2.", 256, default=None)
+    tokens_per_second_per_gpu: float | None = Field(default=None, ge=0, description="Predicted tokens/s per GPU.")
+    tokens_per_second_per_user: float | None = Field(default=None, ge=0, description="Predicted tokens/s per user.")
+
+
+class DisaggregationStatus(ApiModel):
+    """What spec.serving.disaggregation chose and why (meshplan.planner.disagg)."""
+
+    mode: AutoOnOff | None = Field(default=None, description="spec.serving.disaggregation as planned.")
+    disaggregated: bool | None = Field(default=None, description="True when prefill and decode run on separate "
+                                       "groups.")
+    label: str | None = _str("The roles compactly, e.g. P2×TP4 + D1×EP16 (the Roles column).", 256, default=None)
+    ratio: str | None = _str("P:D: prefill groups per decode groups of one unit, e.g. 2:1.", 32, default=None)
+    prefill: DisaggRoleStatus | None = Field(default=None, description="The prefill role.")
+    decode: DisaggRoleStatus | None = Field(default=None, description="The decode role.")
+    kv_path: KvPathStatus | None = Field(default=None, description="The KV-cache transfer path.")
+    aggregated: AggregatedAlternative | None = Field(default=None, description="The aggregated alternative.")
+    reason: str | None = _str("Why: both sides' figures and the objective.", 4096, default=None)
+    served_revision: str | None = _str(
+        "The serving revision (pod label meshplan.dev/serving-revision) the InferencePool selects: the prefill "
+        "and decode groups of one revision only, never a mix (controller.disagg_rollout).", 63, default=None)
+
+
 class LLMDeploymentStatus(ApiModel):
     """Observed state, written only by meshplan."""
 
@@ -1693,6 +1780,9 @@ class LLMDeploymentStatus(ApiModel):
     autoscaling: AutoscalingStatus | None = Field(default=None, description="Last autoscaling decision.")
     observed: ObservedStatus | None = Field(default=None, description="Observed latencies and throughput next to the plan's predictions, and the learned correction (written by the autoscaler).")
     serving_since: datetime | None = Field(default=None, strict=False, description="When a replica of this deployment was first ready; kept afterwards. A deployment that has served gets free GPUs before one that never has (placement.incumbency_rank).")
+    disaggregation: DisaggregationStatus | None = Field(default=None, description="Prefill/decode disaggregation: "
+                                                         "the roles, their ratio and predictions, and the aggregated "
+                                                         "alternative (absent for aggregated deployments).")
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)

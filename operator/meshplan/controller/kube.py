@@ -33,6 +33,12 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("v1", "Event"): ("/api/v1", "events"),
     ("meshplan.dev/v1alpha1", "LLMDeployment"): ("/apis/meshplan.dev/v1alpha1", "llmdeployments"),
     ("resource.nvidia.com/v1beta1", "ComputeDomain"): ("/apis/resource.nvidia.com/v1beta1", "computedomains"),
+    # a disaggregated deployment's router (render.inference_pool)
+    ("inference.networking.k8s.io/v1", "InferencePool"): ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
+    ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
+    ("v1", "ServiceAccount"): ("/api/v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
 }
 COMPUTE_DOMAIN_CRD = "computedomains.resource.nvidia.com"
 

@@ -55,6 +55,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from meshplan.controller import apply as applier
 from meshplan.controller import indexes
+from meshplan.controller.decide_disagg import DISAGG_STATUS_KEYS
 from meshplan.controller.decide import (
     OWNED_STATUS_KEYS,
     Inputs,
@@ -531,6 +532,27 @@ class Result:
     written: str = ""          # what the writes were ("PATCH pods/x-r0-0, POST events", see kube.WriteCount)
 
 
+
+
+def _serving_mode_switch(pods: list, disaggregated: bool) -> str:
+    """Why this reconcile must not act ('' when it may): the deployment's running pods serve the other mode
+    (aggregated groups while the plan is now disaggregated, or prefill/decode groups while it is aggregated).
+    Switching a running deployment between the two is not supported yet (issue 19): its pods keep serving."""
+    from meshplan.render.inference_pool import LABEL_SERVING_ROLE
+
+    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    role = [p for p in live if LABEL_SERVING_ROLE in ((p.get("metadata") or {}).get("labels") or {})]
+    other = role if not disaggregated else [p for p in live if p not in role]
+    if not other:
+        return ""
+    now, was = ("disaggregated", "aggregated") if disaggregated else ("aggregated", "disaggregated")
+    return (f"the plan is now {now} serving but {len(other)} pod(s) of this deployment serve {was} "
+            f"({', '.join(sorted(p['metadata']['name'] for p in other)[:4])}); switching a running deployment between "
+            f"aggregated and disaggregated serving is not supported yet: nothing was changed and they keep serving. "
+            f"Set spec.serving.disaggregation back (under auto: pin enabled or disabled), or delete and re-create "
+            f"the deployment")
+
+
 @dataclass
 class Reconciler:
     kube: Kube
@@ -561,6 +583,11 @@ class Reconciler:
     claims: dict[tuple[str, str], Any] = field(default_factory=dict)
     # The cluster admin's engine-pod policy (meshplan.api.policy; chart value enginePolicy).
     engine_policy: Any = field(default_factory=lambda: _load_policy())
+    # uid -> (plan key, planner.types.DisaggPlan): spec.serving.disaggregation auto/enabled (issue 19)
+    disagg_plans: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    # (namespace, name) -> (InferencePool CRD exists, live router objects): read before each decision
+    router_views: dict[tuple[str, str], tuple[bool, list]] = field(default_factory=dict)
+    pool_crd: bool | None = None             # the InferencePool CRD was found (looked up until it is)
     _threads: Any = field(default=None, repr=False)
 
     async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -576,7 +603,9 @@ class Reconciler:
         self.locks.pop((namespace, name), None)
         self.autoscaler_conditions.pop((namespace, name), None)
         self.claims.pop((namespace, name), None)
+        self.router_views.pop((namespace, name), None)
         if uid:
+            self.disagg_plans.pop(uid, None)
             self.plans.pop(uid, None)
             self.plan_specs.pop(uid, None)
             self.refusals.pop(uid, None)
@@ -628,6 +657,11 @@ class Reconciler:
         generation = body["metadata"].get("generation")
         known = self.refusals.get(uid)
         known_refusal = known[1] if known is not None and known[0] == generation else None
+        if ((body.get("spec") or {}).get("serving") or {}).get("disaggregation") in ("auto", "enabled") \
+                and labels_can_carry(name):
+            self.router_views[(namespace, name)] = await self._router_view(namespace, name, uid, services)
+        else:
+            self.router_views.pop((namespace, name), None)
         outcome = await self._in_thread(self._decide_in_thread, namespace, name, body, pods, services, cds,
                                         known_refusal)
         cached = self.plans.get(uid)
@@ -726,7 +760,7 @@ class Reconciler:
             outcome.requeue_after_s = max(1.0, wr.retry_at - self.monotonic())
         for api_version, kind, child, child_uid in outcome.delete:
             await kube.delete(api_version, kind, namespace, child, uid=child_uid or None)
-        patch = status_patch(body.get("status"), outcome.status, OWNED_STATUS_KEYS)
+        patch = status_patch(body.get("status"), outcome.status, DISAGG_STATUS_KEYS)
         if patch:
             try:
                 # No resourceVersion precondition: only this reconciler writes these keys (per-object
@@ -832,8 +866,24 @@ class Reconciler:
             reason, message = _capacity_message(spec, topology, plan.reason, self.world.fleet())
             return decide(Inputs(desired_replicas=desired, planned_reason=reason, planned_message=message,
                                  **common))
+        from meshplan.controller.decide_disagg import disaggregation_status, is_disaggregated_spec
+
+        split = self._decide_disagg(spec, plan, topology, desired, common, replicas_why) \
+            if is_disaggregated_spec(spec) else None
+        switch = _serving_mode_switch(common["pods"], split is not None)
+        if switch:
+            # Running pods of the other serving mode: decide.py reads groups by replica index and would pair a
+            # prefill and a decode pod as one group; decide_disagg does not know aggregated groups. Nothing is
+            # changed (rule 1: no plan), the condition says what to do.
+            return decide(Inputs(desired_replicas=desired, planned_reason="ServingModeChange",
+                                 planned_message=switch, **common))
+        if split is not None:
+            return split
         target = self._with_policy(target_for(spec, plan, topology, bool(self.compute_domains)))
         outcome = decide(Inputs(desired_replicas=desired, target=target, replicas_why=replicas_why, **common))
+        if is_disaggregated_spec(spec) and common["uid"] in self.disagg_plans:
+            # auto kept aggregated serving: say why (the comparison), the groups are decide's
+            outcome.status["disaggregation"] = disaggregation_status(self.disagg_plans[common["uid"]][1])
         if outcome.placement is not None and outcome.placement.unplaced:
             # The planned product is full: another product the spec allows may hold every replica.
             from meshplan.planner import plan_for_spec
@@ -853,6 +903,66 @@ class Reconciler:
                 log.info("%s/%s: %s", common["namespace"], common["name"], message)
                 outcome.events.append(("Normal", "PlanMovedProduct", message))
         return outcome
+
+    async def _router_view(self, namespace: str, name: str, uid: str, services: list) -> tuple[bool, list]:
+        """Whether the InferencePool CRD exists, and the deployment's live router objects (read by name)."""
+        from meshplan.controller.decide_disagg import POOL_CRD
+        from meshplan.render.inference_pool import POOL_API_VERSION, POOL_KIND, epp_name, pool_name
+
+        if not self.pool_crd:
+            self.pool_crd = await self.kube.crd_exists(POOL_CRD)
+        wanted = [("apps/v1", "Deployment", epp_name(name)), ("v1", "ServiceAccount", epp_name(name)),
+                  ("rbac.authorization.k8s.io/v1", "Role", epp_name(name)),
+                  ("rbac.authorization.k8s.io/v1", "RoleBinding", epp_name(name))]
+        if self.pool_crd:
+            wanted.append((POOL_API_VERSION, POOL_KIND, pool_name(name)))
+        found = await asyncio.gather(*(self.kube.get(a, k, namespace, n) for a, k, n in wanted))
+        return bool(self.pool_crd), [o for o in found if o is not None and _owned_by(o, uid)] + list(services)
+
+    def _decide_disagg(self, spec: Any, plan: Any, topology: Topology, desired: int,
+                       common: dict[str, Any], replicas_why: str) -> Outcome | None:
+        """The disaggregated path (controller.decide_disagg) when the planner disaggregates this spec, else None
+        (aggregated: `decide`, with status.disaggregation saying why under auto)."""
+        from meshplan.controller.decide_disagg import DisaggInputs, DisaggTarget, decide_disagg
+        from meshplan.planner.disagg import disagg_plan_for_spec
+        from meshplan.render.options import options_from_spec
+        from meshplan.render.pipeline import product_for_gpu
+
+        uid = common["uid"]
+        fleet = topology.select(dict(spec.gpus.node_selector or {}))
+        key = plan_key(spec, topology)
+        cached = self.disagg_plans.get(uid)
+        if cached is not None and cached[0] == key:
+            dplan = cached[1]
+        else:
+            try:
+                dplan = disagg_plan_for_spec(spec, fleet, mode=spec.serving.disaggregation, aggregated=plan)
+            except ValueError as exc:
+                return decide(Inputs(desired_replicas=desired, planned_reason="InvalidSpec",
+                                     planned_message=f"spec.serving.disaggregation: {exc}", **common))
+            if dplan.choice is not None or not dplan.disaggregated:
+                self.disagg_plans[uid] = (key, dplan)
+        if not dplan.disaggregated or dplan.choice is None:
+            if spec.serving.disaggregation == "enabled":
+                return decide(Inputs(desired_replicas=desired, planned_reason="NoFeasiblePlan",
+                                     planned_message=f"spec.serving.disaggregation is enabled: {dplan.reason}"[:4096],
+                                     **common))
+            return None
+        serving, network, pods = options_from_spec(spec)
+        network = dataclasses.replace(network, compute_domains=bool(self.compute_domains))
+        sa = getattr(self.engine_policy, "service_account_name", None)
+        if sa:
+            pods = dataclasses.replace(pods, service_account=sa)
+        product, per_node = product_for_gpu(fleet, dplan.choice.decode.gpu)
+        if not per_node:
+            from meshplan.catalog.gpus import get_gpu
+
+            per_node = get_gpu(dplan.choice.decode.gpu).gpus_per_node
+        pool_crd, routers = self.router_views.get((common["namespace"], common["name"]), (False, []))
+        target = DisaggTarget(dplan, serving, network, pods, product, per_node or 1, spec.serving.router.image,
+                              pool_crd)
+        base = Inputs(desired_replicas=desired, replicas_why=replicas_why, **common)
+        return decide_disagg(DisaggInputs(base, target, routers))
 
     def _with_policy(self, target: Any) -> Any:
         """The target's pods run as the admin's engine ServiceAccount (enginePolicy.serviceAccountName)."""

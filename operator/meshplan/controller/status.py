@@ -21,6 +21,9 @@ Condition types (docs/architecture.md) and what they mean here
 - ScalingActive  (autoscaling only) the autoscaler's metrics are usable
                (False: MetricsUnavailable, MetricsStale, MetricsInvalid, and the
                count is held). Decided by controller.autoscaling, written here.
+- Routed       (disaggregated deployments only) the InferencePool selects a served
+               revision (False: InferencePoolCRDMissing naming the CRD, NoRevisionReady).
+               Decided by controller.decide_disagg.
 """
 
 from __future__ import annotations

@@ -1,0 +1,431 @@
+"""A disaggregated deployment's decisions, pure (issue 19), beside `controller.decide`'s aggregated path.
+
+`decide.py` is untouched: an LLMDeployment without `spec.serving`, or with `disaggregation: disabled`, or whose
+`auto` plan keeps aggregated serving, goes through it exactly as before. This module holds what the operator adds
+for a disaggregated plan (`planner.disagg.DisaggPlan` with `disaggregated` True).
+
+`disaggregation_status(dplan)`: the `status.disaggregation` document (`api.models.DisaggregationStatus`): the
+mode, whether it is disaggregated, the roles compactly (the `Roles` printer column), the P:D ratio, per role the
+layout, group count and predicted latency (TTFT for prefill, ITL for decode), the KV path's tier, the aggregated
+plan it was compared with, and the planner's reason.
+
+`decide_disagg(inputs) -> decide.Outcome`: one reconcile of a disaggregated deployment, pure like `decide.decide`.
+
+Groups: per role, `<name>-prefill-r<i>-<rank>` and `<name>-decode-r<i>-<rank>` (rendered by `render_deployment`
+with the role's name `<name>-<role>` and then given back the deployment's own label and owner, so
+`child_name`'s 63-character rule and hash cut apply as to any group). Every pod carries
+`meshplan.dev/serving-role` and `meshplan.dev/serving-revision` (`render.inference_pool.serving_revision` of
+both roles' plan hashes). Rules, as `decide.py`'s where they are the same:
+1. No plan: `decide._no_plan` (nothing is deleted).
+2. Broken groups (a released group that lost a member or whose engine restarted) are deleted whole and created
+   again on a later reconcile.
+3. Rollout: `disagg_rollout.rollout_step` over the live groups (role, index, revision, ready, GPUs) decides the
+   groups to create, to delete and the revision the pool serves; a revision is served only once at least one
+   whole unit (rp prefill + rd decode groups) of it is ready, and the previous one is drained only then.
+4. Placement: the new revision's groups are placed as units with `placement.place_disagg` (the KV path's scope:
+   one NVLink domain, one network block or anywhere), existing groups keeping their nodes, on the topology
+   charged with the groups of other revisions. A group to create that has no place waits (Placed=False).
+5. All-or-nothing per group: created gated, released in the same reconcile once every member exists.
+6. Router: an InferencePool selecting exactly the served revision's leaders, its endpoint picker (Deployment,
+   Service) and the picker's RBAC, all owned by the deployment. Without the InferencePool CRD in the cluster:
+   condition Routed=False/InferencePoolCRDMissing naming the CRD; the groups are deployed all the same.
+7. Available: at least one whole unit of the served revision is ready.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Mapping, Sequence
+
+from meshplan.controller import status as st
+from meshplan.controller.decide import (OWNED_STATUS_KEYS, REQUEUE_PROGRESSING_S, REQUEUE_STEADY_S,
+                                        REQUEUE_WAITING_S, Inputs, LiveGroup, Outcome, _no_plan, live_pod)
+from meshplan.controller.disagg_rollout import Desired, RoleGroup, Room, rollout_step, units
+from meshplan.render.inference_pool import (LABEL_SERVING_REVISION, LABEL_SERVING_ROLE, POOL_GROUP, ROLES,
+                                            pool_name, render_epp, render_epp_rbac, render_inference_pool,
+                                            serving_revision)
+from meshplan.render.workloads import LABEL_DEPLOYMENT, LABEL_REPLICA, owner_reference
+
+REASON_MAX = 4096
+POOL_CRD = f"inferencepools.{POOL_GROUP}"
+DISAGG_STATUS_KEYS = (*OWNED_STATUS_KEYS, "disaggregation")
+
+
+def _round(x: float | None, nd: int = 2) -> float | None:
+    return None if x is None else round(max(0.0, float(x)), nd)
+
+
+def disaggregation_status(dplan: Any) -> dict[str, Any]:
+    """`status.disaggregation` for a `planner.types.DisaggPlan` (camelCase, no None values)."""
+    out: dict[str, Any] = {"mode": dplan.mode, "disaggregated": bool(dplan.disaggregated), "label": dplan.label()[:256]}
+    c = dplan.choice
+    if c is not None:
+        out["ratio"] = c.ratio
+        out["prefill"] = {"layout": c.prefill.layout.label(), "replicas": c.prefill_workers,
+                          "ttftMs": _round(c.prefill.prediction.ttft_ms)}
+        out["decode"] = {"layout": c.decode.layout.label(), "replicas": c.decode_workers,
+                         "itlMs": _round(c.decode.prediction.tpot_ms, 3)}
+        out["kvPath"] = {"tier": str(c.kv_path.tier)[:64]}
+    a = dplan.aggregated.choice if dplan.aggregated is not None else None
+    if a is not None:
+        out["aggregated"] = {
+            "label": (a.layout.label() + (f" x DP{a.layout.dp}" if a.layout.dp > 1 else ""))[:256],
+            "tokensPerSecondPerGpu": _round(a.prediction.tokens_per_s_per_gpu),
+            "tokensPerSecondPerUser": _round(a.prediction.tokens_per_s_per_user)}
+    if dplan.reason:
+        out["reason"] = dplan.reason[:REASON_MAX]
+    return out
+
+
+@dataclass(frozen=True)
+class DisaggTarget:
+    """What the current spec renders for a disaggregated plan: the plan, options, GPU product, router."""
+
+    dplan: Any                      # planner.types.DisaggPlan, disaggregated, with a choice
+    serving: Any                    # render.engine_args.ServingOptions (aggregated; the role is added per role)
+    network: Any
+    pods: Any
+    product: str | None
+    gpus_per_node: int
+    router_image: str
+    pool_crd: bool = True           # the InferencePool CRD exists in the cluster
+
+
+@dataclass(frozen=True)
+class DisaggInputs:
+    base: Inputs                    # name, namespace, uid, pods, services, topology, previous status, ...
+    target: DisaggTarget
+    routers: Sequence[Mapping[str, Any]] = ()    # live pool, EPP Deployment/Service, RBAC (owned)
+
+
+def role_of(obj: Mapping[str, Any]) -> str:
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_SERVING_ROLE, "")
+
+
+def revision_of(obj: Mapping[str, Any]) -> str:
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_SERVING_REVISION, "")
+
+
+def role_groups(pods: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, LiveGroup]]:
+    """Live groups per role (pods without a role label are left out: an aggregated deployment's)."""
+    out: dict[str, dict[int, dict[int, Any]]] = {r: {} for r in ROLES}
+    for o in pods:
+        r = role_of(o)
+        p = live_pod(o)
+        if r in out and p is not None:
+            out[r].setdefault(p.replica, {})[p.rank] = p
+    return {r: {i: LiveGroup(i, ranks) for i, ranks in sorted(g.items())} for r, g in out.items()}
+
+
+def _group_revision(g: LiveGroup) -> str:
+    revs = {revision_of(p.obj) for p in g.pods.values()}
+    return revs.pop() if len(revs) == 1 else ""
+
+
+def unit_ratio(prefill_workers: int, decode_workers: int) -> tuple[tuple[int, int], int]:
+    """((rp, rd), units): the plan's workers as whole units of the smallest ratio."""
+    g = math.gcd(max(prefill_workers, 1), max(decode_workers, 1))
+    return (max(prefill_workers, 1) // g, max(decode_workers, 1) // g), g
+
+
+def _relabel(obj: dict[str, Any], name: str, uid: str, role: str, revision: str) -> dict[str, Any]:
+    """A role's rendered object as a child of deployment `name`: its labels, owner and selectors."""
+    obj = {**obj, "metadata": {**obj["metadata"]}}
+    meta = obj["metadata"]
+    labels = {**(meta.get("labels") or {}), LABEL_DEPLOYMENT: name, "app.kubernetes.io/instance": name,
+              LABEL_SERVING_ROLE: role, LABEL_SERVING_REVISION: revision}
+    meta["labels"] = labels
+    meta["ownerReferences"] = [owner_reference(name, uid)]
+    if obj.get("kind") == "Service":
+        sel = dict((obj.get("spec") or {}).get("selector") or {})
+        sel.update({LABEL_DEPLOYMENT: name, LABEL_SERVING_ROLE: role})
+        obj["spec"] = {**obj["spec"], "selector": sel}
+    return obj
+
+
+def render_role(name: str, namespace: str, uid: str, role: str, candidate: Any, placement: Any, topology: Any,
+                serving: Any, network: Any, pods: Any, revision: str, *, gated: bool) -> Any:
+    """The role's groups, rendered (`render_deployment` under the name `<name>-<role>`) and relabelled."""
+    from meshplan.engines.base import Disaggregation
+    from meshplan.render import Owner, render_deployment
+
+    s = dataclasses.replace(serving, disagg=Disaggregation(role))
+    r = render_deployment(Owner(f"{name}-{role}", namespace, uid), candidate, placement, topology, s, network, pods,
+                          gated=gated)
+    groups = tuple(dataclasses.replace(
+        g, service=_relabel(g.service, name, uid, role, revision),
+        pods=tuple(_relabel(p, name, uid, role, revision) for p in g.pods),
+        compute_domain=_relabel(g.compute_domain, name, uid, role, revision) if g.compute_domain else None)
+        for g in r.groups)
+    return dataclasses.replace(r, groups=groups)
+
+
+def role_hash(name: str, namespace: str, uid: str, role: str, candidate: Any, gpus_per_node: int, product: str | None,
+              topology: Any, serving: Any, network: Any, pods: Any) -> str:
+    """The plan hash of one role's pods (what its groups carry; nodes are not part of it)."""
+    from meshplan.placement import PlacementResult, request_for_layout
+
+    req = request_for_layout(candidate.layout, gpus_per_node or 1, replicas=0, product=product,
+                             node_selector=dict(pods.node_selector))
+    return render_role(name, namespace, uid, role, candidate, PlacementResult(req), topology, serving, network,
+                       pods, "x", gated=True).plan_hash
+
+
+def decide_disagg(inp: DisaggInputs) -> Outcome:
+    """One reconcile of a disaggregated deployment (see the module doc)."""
+    from meshplan.placement import PlacementResult, place_disagg, request_for_layout
+
+    b, t = inp.base, inp.target
+    c = t.dplan.choice
+    if c is None:
+        return _no_plan(b, {})
+    name, ns, uid = b.name, b.namespace, b.uid
+    selector = dict(t.pods.node_selector)
+    topo_all = b.topology.select(selector)
+    cands = {"prefill": dataclasses.replace(c.prefill, layout=dataclasses.replace(c.prefill.layout, dp=1)),
+             "decode": dataclasses.replace(c.decode, layout=dataclasses.replace(c.decode.layout, dp=1))}
+    hashes = {r: role_hash(name, ns, uid, r, cands[r], t.gpus_per_node, t.product, topo_all, t.serving, t.network,
+                           t.pods) for r in ROLES}
+    revision = serving_revision(hashes)
+    reqs0 = {r: request_for_layout(cands[r].layout, t.gpus_per_node or 1, replicas=0, product=t.product,
+                                   node_selector=selector) for r in ROLES}
+    n_pods = {r: reqs0[r].pods_per_replica for r in ROLES}
+    gpus = {r: cands[r].layout.gpus_per_replica for r in ROLES}
+    ratio, plan_units = unit_ratio(c.prefill_workers, c.decode_workers)
+    R = max(0, b.desired_replicas)
+    want_units = plan_units * R
+    out = Outcome()
+    groups = role_groups(b.pods)
+    prev_d = dict(b.previous_status.get("disaggregation") or {})
+    served = prev_d.get("servedRevision") or None
+
+    # Rule 2: broken groups are deleted whole (any revision); they are created again later.
+    restarted: list[str] = []
+    live: dict[str, dict[int, LiveGroup]] = {r: {} for r in ROLES}
+    for r in ROLES:
+        for i, g in groups[r].items():
+            rev = _group_revision(g)
+            size = n_pods[r] if rev == revision else None
+            if (g.any_released and not g.complete(size)) or not rev:
+                out.delete_group(g)
+                restarted.append(f"{r} r{i}")
+            elif not g.terminating:
+                live[r][i] = g
+    terminating = any(g.terminating for r in ROLES for g in groups[r].values())
+    role_live = [RoleGroup(r, i, _group_revision(g), g.ready(n_pods[r] if _group_revision(g) == revision else None),
+                           sum(p.gpus for p in g.pods.values()))
+                 for r in ROLES for i, g in sorted(live[r].items())]
+    held = sum(g.gpus for g in role_live)
+    free = max(0, topo_all.free_gpus - held)
+    if want_units >= 1:
+        step = rollout_step(role_live, Desired(want_units * ratio[0], want_units * ratio[1], ratio, gpus), revision,
+                            Room(free), served=served)
+    else:      # scaled to zero: everything goes
+        from meshplan.controller.disagg_rollout import Step
+
+        step = Step(create=(), delete=tuple(role_live), serve=None, served_units=0)
+    for g in step.delete:
+        out.delete_group(live[g.role].pop(g.index))
+    if step.create or step.delete or step.serve != served:
+        out.events += list(step.events)      # a step that changes nothing is not re-announced every reconcile
+    creates = [] if (terminating or restarted) else list(step.create)
+
+    # Rule 4: place the new revision's groups as units (old revisions' groups hold their GPUs).
+    new_idx = {r: sorted([i for i, g in live[r].items() if _group_revision(g) == revision]
+                         + [i for rr, i in creates if rr == r]) for r in ROLES}
+    others = [(p.node, p.gpus) for r in ROLES for g in live[r].values() if _group_revision(g) != revision
+              for p in g.pods.values() if p.node]
+    topo = topo_all.with_usage(others)
+    existing = {r: {pos: [n or "" for n in live[r][i].nodes()] for pos, i in enumerate(new_idx[r]) if i in live[r]}
+                for r in ROLES}
+    placement = None
+    if want_units >= 1:
+        placement = place_disagg(dataclasses.replace(reqs0["prefill"], replicas=want_units * ratio[0]),
+                                 dataclasses.replace(reqs0["decode"], replicas=want_units * ratio[1]), topo,
+                                 ratio=ratio, tier=_tier(c.kv_path.tier), existing_prefill=existing["prefill"],
+                                 existing_decode=existing["decode"])
+    live_pods = {p.name: p for r in ROLES for g in groups[r].values() for p in g.pods.values()}
+    live_svcs = {(s.get("metadata") or {}).get("name"): s for s in b.services}
+    wanted_svcs: set[str] = set()
+    unplaced: list[str] = []
+    for r in ROLES:
+        res = placement.prefill if placement is not None and r == "prefill" else \
+            placement.decode if placement is not None else None
+        by_pos = {x.index: x for x in res.placed} if res is not None else {}
+        chosen = []
+        for pos, i in enumerate(new_idx[r]):
+            x = by_pos.get(pos)
+            if i in live[r]:
+                # a kept group is rendered where it runs (its own nodes), whatever placement now says
+                if x is None or list(x.nodes) != existing[r][pos]:
+                    continue
+                chosen.append(dataclasses.replace(x, index=i))
+            elif x is None:
+                unplaced.append(f"{r} r{i}")
+            else:
+                chosen.append(dataclasses.replace(x, index=i))
+        if not chosen:
+            continue
+        pr = PlacementResult(request=dataclasses.replace(reqs0[r], replicas=len(chosen)), placed=tuple(chosen))
+        gated = render_role(name, ns, uid, r, cands[r], pr, topo, t.serving, t.network, t.pods, revision, gated=True)
+        opened = render_role(name, ns, uid, r, cands[r], pr, topo, t.serving, t.network, t.pods, revision,
+                             gated=False)
+        for g_gated, g_open in zip(gated.groups, opened.groups):
+            lg = live[r].get(g_open.index)
+            names = [p["metadata"]["name"] for p in g_open.pods]
+            exists = [n for n in names if n in live_pods]
+            wanted_svcs.add(g_open.service["metadata"]["name"])
+            out.apply.append((g_open.service, live_svcs.get(g_open.service["metadata"]["name"])))
+            if g_open.compute_domain:
+                out.apply.append((g_open.compute_domain, None))
+            open_pods = [{**p, "spec": {**p["spec"], "schedulingGates": []}} for p in g_open.pods]
+            released = lg is not None and lg.any_released
+            if released or len(exists) == len(names):
+                for p in open_pods:
+                    lp = live_pods.get(p["metadata"]["name"])
+                    out.apply.append((p, lp.obj if lp else None))
+                if not released:
+                    out.events.append(("Normal", "ReplicaReleased", f"{r} replica {g_open.index}: all "
+                                       f"{len(names)} pod(s) exist; scheduling gates removed"))
+            else:
+                for p in g_gated.pods:
+                    lp = live_pods.get(p["metadata"]["name"])
+                    out.apply.append((p, lp.obj if lp else None))
+                out.release.append(open_pods)
+                out.events.append(("Normal", "ReplicaCreated", f"{r} replica {g_open.index} (revision {revision}): "
+                                   f"{len(names)} pod(s) on {', '.join(g_open_nodes(g_open))}; scheduling gates "
+                                   "removed once all exist"))
+    # Services of groups that still exist (any revision) stay; the others go.
+    keep_svc = {(r, i) for r in ROLES for i, g in groups[r].items()
+                if any(p.name not in {d[2] for d in out.delete} for p in g.pods.values())}
+    for sname, svc in live_svcs.items():
+        labels = (svc.get("metadata") or {}).get("labels") or {}
+        r = labels.get(LABEL_SERVING_ROLE)
+        if sname in wanted_svcs or r not in ROLES:
+            continue
+        try:
+            idx = int(labels.get(LABEL_REPLICA, "-1"))
+        except ValueError:
+            idx = -1
+        if (r, idx) not in keep_svc:
+            out.delete.append(("v1", "Service", sname, (svc.get("metadata") or {}).get("uid", "")))
+
+    # Rule 6: the router.
+    owner = owner_reference(name, uid)
+    routed: tuple[str, bool | str, str, str]
+    for obj in render_epp_rbac(name=name, namespace=ns, owner=owner) + \
+            render_epp(name=name, namespace=ns, owner=owner, image=t.router_image,
+                       service_account=render_epp_rbac(name=name, namespace=ns, owner=owner)[0]["metadata"]["name"]):
+        out.apply.append((obj, _live(inp.routers, obj)))
+    if not t.pool_crd:
+        routed = ("Routed", False, "InferencePoolCRDMissing",
+                  f"the CustomResourceDefinition {POOL_CRD} (Gateway API Inference Extension) is not installed: no "
+                  f"InferencePool is created; the prefill and decode groups are deployed all the same. Install the "
+                  f"GIE CRDs (v1.6.0) to route through the endpoint picker")
+    elif step.serve is None:
+        routed = ("Routed", False, "NoRevisionReady",
+                  f"no whole unit ({ratio[0]} prefill + {ratio[1]} decode group(s)) of revision {revision} is ready "
+                  "yet: the InferencePool is created once one is")
+    else:
+        pool = render_inference_pool(name=name, namespace=ns, owner=owner, engine=t.serving.engine,
+                                     disaggregated=True, revision=step.serve, target_ports=(t.serving.port,))
+        out.apply.append((pool, _live(inp.routers, pool)))
+        routed = ("Routed", True, "PoolServesRevision",
+                  f"InferencePool {pool_name(name)} selects revision {step.serve}: {step.served_units} whole unit(s) "
+                  f"ready")
+
+    # Rule 7: status.
+    served_units = step.served_units if step.serve is not None else 0
+    ready_new = {r: sum(1 for g in live[r].values() if _group_revision(g) == revision and g.ready(n_pods[r]))
+                 for r in ROLES}
+    short = bool(unplaced)
+    stale = [g for g in role_live if g.revision != revision and g not in step.delete]
+    values: list[tuple[str, bool | str, str, str]] = [
+        ("Planned", True, "PlanChosen", (t.dplan.reason or c.label())[:4096]),
+    ]
+    if short:
+        values.append(("Placed", False, "InsufficientCapacity",
+                       f"{len(unplaced)} group(s) have no place ({', '.join(unplaced[:8])}): "
+                       + (placement.message() if placement is not None else "")))
+    else:
+        values.append(("Placed", True, "AllReplicasPlaced",
+                       f"{sum(len(new_idx[r]) for r in ROLES)} group(s) of revision {revision} placed in units of "
+                       f"P:D {ratio[0]}:{ratio[1]} over {c.kv_path.tier}"))
+    available = served_units >= 1
+    values.append(("Available", available, "ReplicasReady" if available else "ReplicasNotReady",
+                   f"{served_units} of {want_units} unit(s) of the served revision ready "
+                   f"({step.serve or 'none served'})"))
+    if stale:
+        prog = ("Progressing", True, "RollingUpdate",
+                f"revision {revision} replaces {len(stale)} group(s) of another revision "
+                f"({ready_new['prefill']} prefill + {ready_new['decode']} decode group(s) of it ready); the pool "
+                f"serves {step.serve or 'nothing'}")
+    elif served_units < want_units or creates or restarted:
+        prog = ("Progressing", True, "CreatingReplicas",
+                f"{ready_new['prefill']} of {want_units * ratio[0]} prefill and {ready_new['decode']} of "
+                f"{want_units * ratio[1]} decode group(s) ready")
+    else:
+        prog = ("Progressing", False, "Complete", f"{served_units} unit(s) of {c.label()} ready")
+    values.append(prog)
+    degraded = bool(restarted) or (short and not available)
+    values.append(("Degraded", degraded, "ReplicaRestarted" if restarted else
+                   "MissingReplicas" if degraded else "AsPlanned",
+                   f"{served_units} of {want_units} unit(s) ready" + (f"; restarted {restarted}" if restarted else "")))
+    values.append(routed)
+    prev = list(b.previous_status.get("conditions") or [])
+    conds = st.conditions(prev, st.merge_values(values, b.extra_conditions), b.generation, b.now)
+    for cond in conds:
+        if cond["type"] in ("Placed", "Degraded", "Available", "Routed") and st.transitioned(prev, cond):
+            warn = (cond["type"] in ("Placed", "Routed") and cond["status"] == "False" and
+                    cond["reason"] != "NoRevisionReady") or (cond["type"] == "Degraded" and cond["status"] == "True")
+            out.events.append(("Warning" if warn else "Normal", cond["reason"], cond["message"][:1024]))
+    dstatus = disaggregation_status(t.dplan)
+    if step.serve:
+        dstatus["servedRevision"] = step.serve
+    status: dict[str, Any] = {
+        "observedGeneration": b.generation,
+        "conditions": conds,
+        "plan": st.plan_summary(cands["decode"], c.label(), gpu_product=t.product),
+        "alternatives": [],
+        "placement": [],
+        "replicas": min(len(new_idx["prefill"]) // ratio[0], len(new_idx["decode"]) // ratio[1]),
+        "readyReplicas": served_units,
+        "desiredReplicas": R,
+        "selector": f"{LABEL_DEPLOYMENT}={name},{LABEL_SERVING_ROLE}=decode",
+        "disaggregation": dstatus,
+    }
+    status["plan"]["layout"] = c.label()
+    since = b.previous_status.get("servingSince") or (st.rfc3339(b.now) if served_units else None)
+    if since:
+        status["servingSince"] = since
+    out.status = status
+    out.requeue_after_s = REQUEUE_WAITING_S if short else (REQUEUE_PROGRESSING_S if prog[1] is True
+                                                          else REQUEUE_STEADY_S)
+    return out
+
+
+def g_open_nodes(g: Any) -> list[str]:
+    return sorted({(p["metadata"].get("annotations") or {}).get("meshplan.dev/assigned-node", "?") for p in g.pods})
+
+
+def _tier(tier: str) -> str:
+    from meshplan.placement import KV_TIERS
+
+    return tier if tier in KV_TIERS else "rdma" if "rdma" in KV_TIERS and tier not in ("nvlink", "tcp") else tier
+
+
+def _live(routers: Sequence[Mapping[str, Any]], obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    k, n = obj.get("kind"), obj["metadata"]["name"]
+    return next((o for o in routers if o.get("kind") == k and (o.get("metadata") or {}).get("name") == n), None)
+
+
+def is_disaggregated_spec(spec: Any) -> bool:
+    """spec.serving.disaggregation is auto or enabled (the planner decides whether it is disaggregated)."""
+    return spec.serving is not None and spec.serving.disaggregation != "disabled"
+
+
+__all__ = ["DISAGG_STATUS_KEYS", "DisaggInputs", "DisaggTarget", "POOL_CRD", "decide_disagg", "disaggregation_status",
+           "is_disaggregated_spec", "render_role", "role_groups", "role_hash", "unit_ratio"]
