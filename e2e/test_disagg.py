@@ -23,7 +23,7 @@ import time
 import pytest
 
 from e2e.reliability import kit
-from e2e.test_inference_pool import CRD_DIR, POOL_CRD
+from e2e.test_inference_pool_crd import CRD_DIR, POOL_CRD
 from meshplan.render.inference_pool import LABEL_SERVING_REVISION, LABEL_SERVING_ROLE, selects
 
 pytestmark = [pytest.mark.e2e]
