@@ -54,7 +54,7 @@ def test_rendered_pools_are_accepted_whole_by_the_inference_extensions_crd(clust
         assert got["spec"] == pool["spec"], "the API server pruned or defaulted a field meshplan renders"
     assert disagg["spec"]["selector"]["matchLabels"][ip.LABEL_SERVING_REVISION] == rev
     # the picker's Deployment, Service and RBAC: core objects, checked by the API server's own validation
-    objs = ip.render_epp(name="r1", namespace=namespace, owner=owner, image="registry.example/epp:v1.6.0")
+    objs = ip.render_epp(name="r1", namespace=namespace, owner=owner, image="registry.k8s.io/gateway-api-inference-extension/lwepp:v1.6.0")
     objs += ip.render_epp_rbac(name="r1", namespace=namespace, owner=owner)
     assert {o["kind"] for o in objs} >= {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding"}
     for o in objs:

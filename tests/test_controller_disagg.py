@@ -80,7 +80,7 @@ def test_switching_a_running_deployment_between_serving_modes_changes_nothing_an
     api2, rec2 = _reconciler(agg, "hgx-h100")
     asyncio.run(rec2.reconcile("ns", "llama"))
     pods = {n for (k, n), _ in api2.objects.items() if k == "Pod"}
-    api2.body["spec"]["serving"] = {"disaggregation": "enabled", "router": {"image": "registry.example/epp:v1.6.0"}}
+    api2.body["spec"]["serving"] = {"disaggregation": "enabled", "router": {"image": "registry.k8s.io/gateway-api-inference-extension/lwepp:v1.6.0"}}
     api2.body["metadata"]["generation"] = 2
     asyncio.run(rec2.reconcile("ns", "llama"))
     assert {n for (k, n), _ in api2.objects.items() if k == "Pod"} == pods

@@ -31,7 +31,7 @@ def target(manifest: dict, pool_crd: bool = True) -> DisaggTarget:
     dplan = disagg_plan_for_spec(spec, topo, mode="enabled")
     serving, network, pods = options_from_spec(spec)
     product, per_node = product_for_gpu(topo, dplan.choice.decode.gpu)
-    return DisaggTarget(dplan, serving, network, pods, product, per_node, "registry.example/epp:v1", pool_crd)
+    return DisaggTarget(dplan, serving, network, pods, product, per_node, "registry.k8s.io/gateway-api-inference-extension/lwepp:v1.6.0", pool_crd)
 
 
 class World:

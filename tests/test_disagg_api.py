@@ -26,7 +26,7 @@ def r1(mode: str = "enabled") -> dict:
     m["spec"] = {"model": {"name": "deepseek-r1", "weights": {"uri": "hf://deepseek-ai/DeepSeek-R1"}},
                  "precision": {"weights": "fp8", "kvCache": "fp8"}, "engine": {"kind": "vllm"},
                  "parallelism": {"tensor": 8, "expert": 1, "pipeline": 1}, "gpus": {"maxGpus": 16},
-                 "serving": {"disaggregation": mode, "router": {"image": "registry.example/epp:v1"}}}
+                 "serving": {"disaggregation": mode, "router": {"image": "registry.k8s.io/gateway-api-inference-extension/lwepp:v1.6.0"}}}
     return m
 
 
@@ -99,3 +99,22 @@ def test_status_of_a_disabled_plan_names_the_aggregated_layout_only():
     doc = disaggregation_status(dplan)
     DisaggregationStatus.model_validate(doc)
     assert doc["disaggregated"] is False and "prefill" not in doc and doc["label"] == doc["aggregated"]["label"]
+
+
+def test_the_router_image_is_under_the_admins_allowed_images():
+    """The endpoint picker runs in the tenant's namespace like an engine pod: its image passes
+    enginePolicy.allowedImages.router (default: the Gateway API Inference Extension's registry path), else the
+    operator refuses the spec (NotAllowed) naming the field and the setting."""
+    from meshplan.api.models import LLMDeployment
+    from meshplan.api.policy import EnginePolicy, policy_problems
+
+    ok = LLMDeployment.from_manifest(r1()).spec
+    assert policy_problems(ok, EnginePolicy()) == []
+    m = r1()
+    m["spec"]["serving"]["router"]["image"] = "evil.example/miner:latest"
+    bad = LLMDeployment.from_manifest(m).spec
+    problems = policy_problems(bad, EnginePolicy())
+    assert len(problems) == 1 and "spec.serving.router.image 'evil.example/miner:latest'" in problems[0]
+    assert "enginePolicy.allowedImages.router (registry.k8s.io/gateway-api-inference-extension/*)" in problems[0]
+    admin = EnginePolicy.from_values({"allowedImages": {"router": ["evil.example/*"]}})
+    assert policy_problems(bad, admin) == []

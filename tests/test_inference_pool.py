@@ -276,14 +276,14 @@ def test_serving_revision_changes_with_either_role_and_is_a_label_value():
 
 
 def test_epp_deployment_and_service_serve_the_pool():
-    dep, svc = ip.render_epp(name="r1", namespace="ns", owner=OWNER, image="registry.example/epp:v1",
+    dep, svc = ip.render_epp(name="r1", namespace="ns", owner=OWNER, image="registry.k8s.io/gateway-api-inference-extension/lwepp:v1.6.0",
                              extra_args=["--config-file", "/etc/epp/config.yaml"], service_account="epp")
     pool = _pool()
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     flag = {args[i]: args[i + 1] for i in range(0, len(args) - 1, 2)}
     assert flag["--pool-name"] == pool["metadata"]["name"] and flag["--pool-namespace"] == "ns"
     assert flag["--pool-group"] == ip.POOL_GROUP and flag["--config-file"] == "/etc/epp/config.yaml"
-    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/epp:v1"
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.k8s.io/gateway-api-inference-extension/lwepp:v1.6.0"
     ref = pool["spec"]["endpointPickerRef"]
     assert svc["metadata"]["name"] == ref["name"] and ref["kind"] == "Service"
     assert ref["port"]["number"] in [p["port"] for p in svc["spec"]["ports"]]

@@ -34,6 +34,10 @@ DEFAULT_ALLOWED_IMAGES: dict[str, tuple[str, ...]] = {
     # is required for nim); DeepSpeed-MII publishes no image, so none is allowed until the admin names one.
     "nim": ("nvcr.io/nim/*",),
     "deepspeed": (),
+    # Not an engine: the endpoint picker of a disaggregated deployment (spec.serving.router.image). The
+    # Gateway API Inference Extension publishes its pickers under registry.k8s.io/gateway-api-inference-extension/
+    # (v1.6.0 config: registry.k8s.io/gateway-api-inference-extension/lwepp).
+    "router": ("registry.k8s.io/gateway-api-inference-extension/*",),
 }
 POLICY_ENV = "MESHPLAN_ENGINE_POLICY"
 _TAG_RE = re.compile(r":[^/]+$")
@@ -61,7 +65,8 @@ class EnginePolicy:
         parsed: dict[str, tuple[str, ...]] = {}
         for kind, patterns in images.items():
             if kind not in DEFAULT_ALLOWED_IMAGES:
-                raise ValueError(f"enginePolicy.allowedImages.{kind}: not an engine kind ({', '.join(DEFAULT_ALLOWED_IMAGES)})")
+                raise ValueError(f"enginePolicy.allowedImages.{kind}: not an engine kind or router "
+                                 f"({', '.join(DEFAULT_ALLOWED_IMAGES)})")
             if isinstance(patterns, str) or not all(isinstance(p, str) and p for p in patterns or ()):
                 raise ValueError(f"enginePolicy.allowedImages.{kind} must be a list of non-empty strings")
             parsed[kind] = tuple(patterns or ())
@@ -107,6 +112,16 @@ def policy_problems(spec: Any, policy: EnginePolicy) -> list[str]:
                 f"spec.engine.image {image!r} (repository {image_repository(image)!r}) is not allowed for "
                 f"engine {kind} by the cluster admin's enginePolicy.allowedImages.{kind} ({allowed}): use an "
                 "allowed image, or leave spec.engine.image unset for the operator's pinned image")
+    serving = getattr(spec, "serving", None)
+    router = getattr(getattr(serving, "router", None), "image", None)
+    if router is not None and getattr(serving, "disaggregation", "disabled") != "disabled":
+        patterns = tuple(policy.allowed_images.get("router", ()))
+        if not image_allowed(router, patterns):
+            allowed = ", ".join(patterns) if patterns else "none"
+            problems.append(
+                f"spec.serving.router.image {router!r} (repository {image_repository(router)!r}) is not allowed by "
+                f"the cluster admin's enginePolicy.allowedImages.router ({allowed}): the endpoint picker runs in "
+                "this namespace like an engine pod; use an allowed image")
     if not policy.allow_env_value_from:
         for where, env in (("spec.engine.env", spec.engine.env), ("spec.nccl.env", spec.nccl.env)):
             for i, e in enumerate(env or ()):
