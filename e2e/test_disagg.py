@@ -4,10 +4,9 @@ A DeepSeek-R1 deployment with `spec.serving.disaggregation: enabled`, pinned to 
 prefill TP8 group with one decode TP8 group, P:D 1:1, KV over InfiniBand), on a private kwok fleet of HGX H200
 nodes advertising `rdma/ib` as operator/meshplan/fleets/hgx-h200-ib.yaml does (6 nodes, not 4: in 2 of 5 runs
 with 4 nodes, 8 GPUs of the fleet still counted as used by something else when the rollout test started, right
-after the first test's namespace was dropped, and the surge unit did not fit; a finding to chase, see the
-report), reaches Available with a prefill and a
+after the first test's namespace was dropped, and the surge unit did not fit; not explained yet), reaches Available with a prefill and a
 decode gang; its InferencePool (the Gateway API Inference Extension v1.6.0 CRDs from the machine cache, as
-e2e/test_inference_pool.py installs them) selects exactly the served revision's pods; a spec change that changes
+e2e/test_inference_pool_crd.py installs them) selects exactly the served revision's pods; a spec change that changes
 the plan hash rolls out, and at every poll the pods the pool's selector matches never hold a prefill pod of one
 revision beside a decode pod of another, and the served capacity (one ready prefill + one ready decode pod) never
 drops (the fleet has room to surge: 16 GPUs serve, 32 are free).
