@@ -22,21 +22,13 @@ import time
 import pytest
 
 from e2e.reliability import kit
-from e2e.test_inference_pool_crd import CRD_DIR, POOL_CRD
+from e2e.test_inference_pool_crd import gie_crds  # noqa: F401 - the fixture that installs the GIE CRDs
 from meshplan.render.inference_pool import LABEL_SERVING_REVISION, LABEL_SERVING_ROLE, selects
 
 pytestmark = [pytest.mark.e2e]
 GLOB = "mpdisagg-*"
 H200 = "NVIDIA-H200"
 EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.6.0"
-
-
-@pytest.fixture(scope="module")
-def gie_crds(cluster):
-    if not (CRD_DIR / "inference.networking.k8s.io_inferencepools.yaml").is_file():
-        pytest.fail(f"{CRD_DIR} has no InferencePool CRD: run e2e/build-control-plane.sh (make setup)")
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_DIR))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{POOL_CRD}", "--timeout=60s")
 
 
 @pytest.fixture(scope="module")

@@ -98,6 +98,16 @@ def image_allowed(image: str, patterns: Sequence[str]) -> bool:
     return False
 
 
+def _image_problem(policy: EnginePolicy, field: str, image: str, key: str, what: str, hint: str) -> list[str]:
+    """[the refusal] when `image` is outside enginePolicy.allowedImages.`key`, else []."""
+    patterns = tuple(policy.allowed_images.get(key, ()))
+    if image_allowed(image, patterns):
+        return []
+    allowed = ", ".join(patterns) if patterns else "none"
+    return [f"{field} {image!r} (repository {image_repository(image)!r}) is not allowed {what}by the cluster "
+            f"admin's enginePolicy.allowedImages.{key} ({allowed}): {hint}"]
+
+
 def policy_problems(spec: Any, policy: EnginePolicy) -> list[str]:
     """What `spec` asks for that the admin's policy does not allow; each names the field, the value
     and the admin setting (empty when allowed)."""
@@ -105,23 +115,15 @@ def policy_problems(spec: Any, policy: EnginePolicy) -> list[str]:
     kind = spec.engine.kind
     image = spec.engine.image
     if image is not None:
-        patterns = tuple(policy.allowed_images.get(kind, ()))
-        if not image_allowed(image, patterns):
-            allowed = ", ".join(patterns) if patterns else "none"
-            problems.append(
-                f"spec.engine.image {image!r} (repository {image_repository(image)!r}) is not allowed for "
-                f"engine {kind} by the cluster admin's enginePolicy.allowedImages.{kind} ({allowed}): use an "
-                "allowed image, or leave spec.engine.image unset for the operator's pinned image")
+        problems += _image_problem(policy, "spec.engine.image", image, kind, f"for engine {kind} ",
+                                   "use an allowed image, or leave spec.engine.image unset for the operator's "
+                                   "pinned image")
     serving = getattr(spec, "serving", None)
     router = getattr(getattr(serving, "router", None), "image", None)
     if router is not None and getattr(serving, "disaggregation", "disabled") != "disabled":
-        patterns = tuple(policy.allowed_images.get("router", ()))
-        if not image_allowed(router, patterns):
-            allowed = ", ".join(patterns) if patterns else "none"
-            problems.append(
-                f"spec.serving.router.image {router!r} (repository {image_repository(router)!r}) is not allowed by "
-                f"the cluster admin's enginePolicy.allowedImages.router ({allowed}): the endpoint picker runs in "
-                "this namespace like an engine pod; use an allowed image")
+        problems += _image_problem(policy, "spec.serving.router.image", router, "router", "",
+                                   "the endpoint picker runs in this namespace like an engine pod; use an allowed "
+                                   "image")
     if not policy.allow_env_value_from:
         for where, env in (("spec.engine.env", spec.engine.env), ("spec.nccl.env", spec.nccl.env)):
             for i, e in enumerate(env or ()):
