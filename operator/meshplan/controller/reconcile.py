@@ -1085,28 +1085,19 @@ async def ensure_trtllm_ssh_secret(kube: Kube, namespace: str, name: str, uid: s
     A same-named Secret this deployment does not own is never overwritten: a 409 NameCollision, which
     the caller reports like any refused create.
     """
-    from meshplan.engines.trtllm_ssh import needs_ssh_secret, ssh_secret
-    from meshplan.render.workloads import base_labels, owner_reference
+    from meshplan.engines.trtllm_ssh import ssh_secret
+    from meshplan.render.workloads import base_labels
 
-    secret = needs_ssh_secret(list(desired))
-    if secret is None:
-        return False
-    live = await kube.get("v1", "Secret", namespace, secret)
-    if live is not None:
-        if _owned_by(live, uid):
-            return False
-        raise ApiError(409, "NameCollision", f"Secret {secret} exists and is not owned by LLMDeployment {name}: "
-                       "the TensorRT-LLM multi-node pods mount their ssh keys from it; rename or remove it")
-    await kube.apply(ssh_secret(name, namespace, owner_reference(name, uid), base_labels(name, "trtllm")),
-                     applier.FIELD_MANAGER, force=True)
-    return True
+    return await ensure_owned_secret(
+        kube, namespace, name, uid, desired, volume="trtllm-ssh", who="the TensorRT-LLM multi-node pods",
+        build=lambda dep, ns, owner: ssh_secret(dep, ns, owner, base_labels(dep, "trtllm")))
 
 
 async def ensure_owned_secret(kube: Kube, namespace: str, name: str, uid: str, desired: list[Mapping[str, Any]],
                               *, volume: str, build: Any, who: str) -> bool:
     """Engine-neutral: create the Secret the pods about to be created mount as volume `volume` (True when created).
 
-    `build(deployment, namespace, owner, labels)` makes the manifest (its keys generated once, here); the
+    `build(deployment, namespace, owner)` makes the manifest (its keys generated once, here); the
     Secret is owned by the LLMDeployment, an existing owned one is kept as it is (running pods hold its
     keys), and a same-named Secret this deployment does not own is never overwritten: 409 NameCollision.
     """

@@ -134,15 +134,7 @@ def ssh_secret(deployment: str, namespace: str, owner: Mapping[str, Any], labels
 
 def needs_ssh_secret(objects: list[Mapping[str, Any]]) -> str | None:
     """The ssh Secret name the rendered pods mount (None when no pod mounts one)."""
-    for obj in objects:
-        if obj.get("kind") != "Pod":
-            continue
-        for vol in (obj.get("spec") or {}).get("volumes") or ():
-            secret = vol.get("secret") or {}
-            name = secret.get("secretName", "")
-            if vol.get("name") == "trtllm-ssh" and name:
-                return name
-    return None
+    return mounted_secret(objects, "trtllm-ssh")
 
 
 # ---- engine-neutral entry points (NVIDIA NIM multi-node uses them; the TensorRT-LLM ones above are unchanged) ----
