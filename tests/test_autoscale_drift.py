@@ -168,6 +168,32 @@ def test_observed_status_is_written_while_the_factor_moves_and_when_the_replan_l
     assert observed_needs_write(prev, {**prev, "replanLayout": "TP4"})
 
 
+def test_the_drift_condition_quotes_the_stored_observed_status_when_this_evaluation_is_not_written():
+    """status.observed is written only while a factor moves by more than 2 %; the condition (written by the
+    reconciler) must then quote the stored evaluation, not the in-memory one status.observed never shows
+    (a clean-clone CI run caught the message citing evaluation 21 while status.observed showed 19)."""
+    from meshplan.controller.autoscaling import observed_needs_write, reported_drift_condition
+
+    steps = _run(3.0, 12)
+    stored = drift.observed_document(percentile=99.0, at_slo={}, p50={}, p99={}, generation_tokens_per_s=None,
+                                     gpus_serving=None, predicted=None, correction=steps[-2],
+                                     replan_layout=None, now=steps[-2].updated_at)
+    new = drift.observed_document(percentile=99.0, at_slo={}, p50={}, p99={}, generation_tokens_per_s=None,
+                                  gpus_serving=None, predicted=None, correction=steps[-1],
+                                  replan_layout=None, now=steps[-1].updated_at)
+    assert not observed_needs_write(stored, new)                 # settled: this evaluation is not written
+    live = drift.drift_condition(steps[-1])
+    assert "over 12 evaluation" in live[3]
+    shown = reported_drift_condition(live, stored, new, wrote=False)
+    assert shown[:3] == live[:3] and "over 11 evaluation" in shown[3], shown
+    assert f"ITL x{stored['itlCorrection']:.3g}" in shown[3]
+    # written (by this evaluation or the autoscaling refresh): the live condition, which is what is stored
+    assert reported_drift_condition(live, stored, new, wrote=True) == live
+    # nothing stored yet (a first evaluation that is not written cannot happen, but a malformed status can)
+    assert reported_drift_condition(live, {}, new, wrote=False) == live
+    assert reported_drift_condition(None, stored, None, wrote=False) is None
+
+
 def test_changing_spec_replan_does_not_change_the_plan_key():
     """spec.replan is what to do on drift, not an input of the plan: switching it must not replan."""
     from meshplan.api.models import LLMDeploymentSpec

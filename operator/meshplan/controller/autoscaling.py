@@ -316,6 +316,20 @@ def observed_needs_write(previous: Mapping[str, Any] | None, new: Mapping[str, A
     return prev.get("replanLayout") != new.get("replanLayout")
 
 
+def reported_drift_condition(cond: tuple[str, str, str, str] | None, previous: Mapping[str, Any] | None,
+                             new: Mapping[str, Any] | None, wrote: bool) -> tuple[str, str, str, str] | None:
+    """The PredictionDrift condition as status shows it: the factors and evaluation count its message
+    quotes are those of the status.observed that is stored. An evaluation whose observed document is not
+    written (the factors moved by less than `observed_needs_write`'s step) reports from the stored one,
+    so the condition never cites an evaluation status.observed does not show."""
+    if cond is None or new is None or wrote:
+        return cond
+    stored = correction_from_status(previous)
+    if stored.updated_at is None:
+        return cond
+    return drift_condition(stored)
+
+
 def per_replica_capacity(candidate: Any, output_tokens: int) -> tuple[float | None, float | None]:
     """(requests/s, concurrency) one replica serves at the planned operating point.
 
@@ -636,12 +650,14 @@ class Autoscaler:
             observed_doc, drift_cond = await self._observed_status(key, uid, body, spec, snapshot, extra, now)
         wrote = False
         prev_obs = status.get("observed") or {}
-        if needs_write(prev_auto, doc, now_dt) or (observed_doc is not None and observed_needs_write(prev_obs, observed_doc)):
+        write_observed = observed_doc is not None and observed_needs_write(prev_obs, observed_doc)
+        if needs_write(prev_auto, doc, now_dt) or write_observed:
             patch = {"autoscaling": doc}
             if observed_doc is not None:
                 patch["observed"] = observed_doc
             await kube.patch_status(API_VERSION, KIND, namespace, name, patch)
             wrote = True
+        drift_cond = reported_drift_condition(drift_cond, prev_obs, observed_doc, wrote)
         before = self.conditions.get(key, {})
         after = merge_conditions(before, decision.condition_tuples() + ([drift_cond] if drift_cond else []))
         self.conditions[key] = after
