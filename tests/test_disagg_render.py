@@ -159,10 +159,16 @@ def test_a_router_needs_both_roles(module) -> None:
         module.router_command([], ["d:8000"])
 
 
-def test_vllm_proxy_argv_lists_every_endpoint_in_order() -> None:
+def test_vllm_router_argv_lists_every_endpoint_in_order_for_the_roles_connector() -> None:
     cmd, args = vllm.router_command(["p0:8000", "p1:8001"], ["d0:8000"], port=9000)
-    assert cmd == ("python3", vllm.VLLM_PROXY_SCRIPT)
-    assert list(args) == ["--host", "0.0.0.0", "--port", "9000", "--prefiller-hosts", "p0", "p1",
-                          "--prefiller-ports", "8000", "8001", "--decoder-hosts", "d0", "--decoder-ports", "8000"]
+    assert cmd == ("vllm-router",)
+    assert list(args) == ["--host", "0.0.0.0", "--port", "9000", "--vllm-pd-disaggregation", "--kv-connector", "nixl",
+                          "--prefill", "http://p0:8000", "--prefill", "http://p1:8001", "--decode", "http://d0:8000"]
+    _, moon = vllm.router_command(["p0:8000"], ["d0:8000"],
+                                  disagg=Disaggregation(role="decode", transfer_backend="mooncake", bootstrap_port=9123))
+    assert moon[moon.index("--kv-connector") + 1] == "mooncake"
+    assert moon[moon.index("--prefill") + 1:moon.index("--prefill") + 3] == ("http://p0:8000", "9123")
     with pytest.raises(RenderError, match="expected host:port"):
         vllm.router_command(["p0"], ["d0:8000"])
+    with pytest.raises(RenderError, match="nixl and mooncake connectors only"):
+        vllm.router_command(["p0:8000"], ["d0:8000"], disagg=Disaggregation(role="prefill", transfer_backend="lmcache"))

@@ -526,3 +526,37 @@ def test_disaggregated_roles_run_the_kv_connector_vllm_builds(conformance):
         assert cfg["data_parallel_size"] == 16 and cfg["enable_expert_parallel"] and cfg["data_parallel_rank"] == 8 * i
     # the aggregated cases render no KV connector
     assert conformance["results"]["tp8-node/pod0"]["config"]["kv_connector"] is None
+
+
+ROUTER_VENV = "vllm-router-0.1.17"
+ROUTER_PROBE = Path(__file__).with_name("vllm_router_probe.py")
+
+
+def test_the_pd_router_argv_parses_with_vllm_routers_own_parser():
+    """Issue 19: `engines.vllm.router_command` (the engine's own PD router, spec.serving.router.kind engine) goes
+    through vllm-router 0.1.17's own parse_router_args + _validate_router_args: PD mode on, the roles' KV connector,
+    every prefill URL (with the Mooncake bootstrap port only for mooncake), every decode URL; a misspelt flag and a
+    PD router without decode servers fail there (the router's own refusals are seen)."""
+    prefill = ["conf-prefill-r0-0.conf-prefill-r0.default.svc:8000", "conf-prefill-r1-0.conf-prefill-r1.default.svc:8000"]
+    decode = ["conf-decode-r0-0.conf-decode-r0.default.svc:8000"]
+    cmd, nixl = vllm_engine.router_command(prefill, decode, port=8080)
+    assert cmd == ("vllm-router",)
+    _, mooncake = vllm_engine.router_command(prefill, decode, port=8080,
+                                             disagg=Disaggregation(role="prefill", transfer_backend="mooncake"))
+    no_decode = [a for a in nixl if a not in ("--decode", f"http://{decode[0]}")]
+    cases = [{"id": "nixl", "argv": list(nixl)}, {"id": "mooncake", "argv": list(mooncake)},
+             {"id": "misspelt", "argv": [a.replace("--vllm-pd-disaggregation", "--vllm-pd-disagregation") for a in nixl]},
+             {"id": "no-decode", "argv": no_decode}]
+    out = run_in_venv(ROUTER_VENV, ROUTER_PROBE, {"cases": cases})
+    assert out["version"] == "0.1.17" == vllm_engine.VLLM_ROUTER_VERSION
+    assert out["entry_point"] == ["vllm_router.launch_router:main"], out["entry_point"]
+    r = {x["id"]: x for x in out["results"]}
+    for case in ("nixl", "mooncake"):
+        assert r[case]["ok"], r[case]
+        assert r[case]["vllm_pd_disaggregation"] is True and r[case]["port"] == 8080 and r[case]["host"] == "0.0.0.0"
+        assert r[case]["kv_connector"] == case
+        assert r[case]["decode_urls"] == [f"http://{e}" for e in decode], r[case]
+    assert r["nixl"]["prefill_urls"] == [[f"http://{e}", None] for e in prefill], r["nixl"]
+    assert r["mooncake"]["prefill_urls"] == [[f"http://{e}", vllm_engine.MOONCAKE_BOOTSTRAP_PORT] for e in prefill]
+    assert not r["misspelt"]["ok"] and "unrecognized arguments" in r["misspelt"]["error"], r["misspelt"]
+    assert not r["no-decode"]["ok"] and "requires --decode" in r["no-decode"]["error"], r["no-decode"]

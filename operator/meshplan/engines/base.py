@@ -396,8 +396,9 @@ class EngineModule(Protocol):
 
     # Optional (prefill/decode disaggregation, issue 19; an engine without them refuses `ServingOptions.disagg`):
     # `disagg_flags(disagg, layout, explain)` -> the role's flags (or LLM-API config) that `command` renders, and
-    # `router_command(prefill, decode, port)` -> (command, args) of the engine's own PD router in front of them.
+    # `router_command(prefill, decode, port, disagg)` -> (command, args) of the engine's own PD router in front of
+    # them (`disagg`: the roles' transfer backend and bootstrap port, which the router must match).
     def disagg_flags(self, disagg: Disaggregation, layout: Layout, explain: list[Explanation]) -> dict[str, Any]: ...
 
-    def router_command(self, prefill: Sequence[str], decode: Sequence[str], port: int = HTTP_PORT
-                       ) -> tuple[tuple[str, ...], tuple[str, ...]]: ...
+    def router_command(self, prefill: Sequence[str], decode: Sequence[str], port: int = HTTP_PORT,
+                       disagg: Disaggregation | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]: ...

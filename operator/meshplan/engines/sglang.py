@@ -286,10 +286,12 @@ def disagg_flags(disagg: Disaggregation, layout_: Layout, explain: list[Explanat
 
 
 def router_command(prefill: Sequence[str], decode: Sequence[str], port: int = HTTP_PORT,
-                   bootstrap_port: int = SGLANG_BOOTSTRAP_PORT) -> tuple[tuple[str, ...], tuple[str, ...]]:
+                   disagg: Disaggregation | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(command, args) of SGLang's PD router (sglang-router 0.3.2, sglang_router/launch_router.py and
     router_args.py: `--pd-disaggregation`, `--prefill URL [BOOTSTRAP_PORT]` and `--decode URL`, each repeatable)
-    in front of the prefill and decode servers (`host:port` each)."""
+    in front of the prefill and decode servers (`host:port` each); the bootstrap port is the one the prefill
+    role renders (`disagg.bootstrap_port`, default SGLANG_BOOTSTRAP_PORT)."""
+    bootstrap_port = (disagg.bootstrap_port if disagg and disagg.bootstrap_port else SGLANG_BOOTSTRAP_PORT)
     if not prefill or not decode:
         raise RenderError("a disaggregated deployment needs at least one prefill and one decode endpoint for the "
                           f"router (got {len(prefill)} prefill, {len(decode)} decode)")

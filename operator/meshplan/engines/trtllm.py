@@ -346,8 +346,8 @@ def disagg_flags(disagg: Disaggregation, layout_: Layout, explain: list[Explanat
     return out
 
 
-def router_command(prefill: Sequence[str], decode: Sequence[str], port: int = HTTP_PORT
-                   ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def router_command(prefill: Sequence[str], decode: Sequence[str], port: int = HTTP_PORT,
+                   disagg: Disaggregation | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(command, args) of `trtllm-serve disaggregated -c CONFIG` in front of the context (prefill) and generation
     (decode) servers (`host:port` each): the config YAML is written by the container's shell first."""
     if not prefill or not decode:

@@ -357,12 +357,15 @@ KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 NIXL_SIDE_CHANNEL_PORT = 5600
 # Mooncake's bootstrap server on the prefill side: VLLM_MOONCAKE_BOOTSTRAP_PORT, default 8998 (vllm/envs.py).
 MOONCAKE_BOOTSTRAP_PORT = 8998
-# vLLM's PD proxy: 0.32.0's package ships none; its NIXL integration test's proxy, tests/v1/kv_connector/
-# nixl_integration/toy_proxy_server.py (vLLM v0.32.0 source, run by run_accuracy_test.sh there), takes --host,
-# --port, --prefiller-hosts/--prefiller-ports and --decoder-hosts/--decoder-ports and sends each request to a
-# prefiller with kv_transfer_params {"do_remote_decode": true}, then to a decoder with what the prefiller returned.
-# The router image must hold that script (spec'd by the operator as a configurable image); its path:
-VLLM_PROXY_SCRIPT = "/opt/vllm/toy_proxy_server.py"
+# vLLM's PD router: 0.32.0's package ships none (its NIXL integration test's toy_proxy_server.py is a test script).
+# The vLLM project's router, vllm-router 0.1.17 (PyPI; github.com/vllm-project/router; wheel read:
+# vllm_router/launch_router.py, router_args.py), is the production one: console script `vllm-router`,
+# `--vllm-pd-disaggregation`, `--prefill URL [BOOTSTRAP_PORT]` and `--decode URL` (each repeatable; a bootstrap port
+# is optional, default none), `--kv-connector` nixl (default: NIXL pulls, no bootstrap) | mooncake (push: the
+# router asks each prefill node's bootstrap server for its engine id, so the prefill URL carries that port) |
+# moriio, and `--host` (default 127.0.0.1: a pod must bind 0.0.0.0) / `--port` (default 30000).
+VLLM_ROUTER_VERSION = "0.1.17"
+VLLM_ROUTER_CONNECTORS = {"nixl": "nixl", "mooncake": "mooncake"}
 
 
 def disagg_flags(disagg: Disaggregation, layout_: Layout, explain: list[Explanation]) -> dict[str, Any]:
@@ -402,26 +405,30 @@ def disagg_env(disagg: Disaggregation, layout_: Layout, role: PodRole, explain: 
 
 
 def router_command(prefill: Sequence[str], decode: Sequence[str], port: int = HTTP_PORT,
-                   script: str = VLLM_PROXY_SCRIPT) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(command, args) of vLLM's PD proxy in front of the prefill and decode pods (`host:port` each)."""
+                   disagg: Disaggregation | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(command, args) of vllm-router (VLLM_ROUTER_VERSION) in PD mode in front of the prefill and decode servers
+    (`host:port` each), for the KV connector the roles render (`disagg.transfer_backend`, default nixl)."""
     if not prefill or not decode:
         raise RenderError("a disaggregated deployment needs at least one prefill and one decode endpoint for the "
                           f"router (got {len(prefill)} prefill, {len(decode)} decode)")
-
-    def split(endpoints: Sequence[str]) -> tuple[list[str], list[str]]:
-        hosts, ports_ = [], []
-        for e in endpoints:
-            host, _, p = e.rpartition(":")
-            if not host or not p.isdigit():
-                raise RenderError(f"router endpoint {e!r}: expected host:port")
-            hosts.append(host)
-            ports_.append(p)
-        return hosts, ports_
-
-    ph, pp = split(prefill)
-    dh, dp = split(decode)
-    return (("python3", script), ("--host", "0.0.0.0", "--port", str(port), "--prefiller-hosts", *ph,
-                                   "--prefiller-ports", *pp, "--decoder-hosts", *dh, "--decoder-ports", *dp))
+    backend = ((disagg.transfer_backend if disagg else "") or DISAGG_DEFAULT_BACKEND).lower()
+    if backend not in VLLM_ROUTER_CONNECTORS:
+        raise RenderError(f"spec.engine.disaggregation transfer backend {backend!r}: vllm-router {VLLM_ROUTER_VERSION} "
+                          f"pairs prefill and decode for the {' and '.join(VLLM_ROUTER_CONNECTORS)} connectors only "
+                          "(--kv-connector nixl | mooncake | moriio); use spec.serving.router.kind inferencePool "
+                          "with a picker that handles it, or the nixl or mooncake backend")
+    for e in (*prefill, *decode):
+        host, _, p = e.rpartition(":")
+        if not host or not p.isdigit():
+            raise RenderError(f"router endpoint {e!r}: expected host:port")
+    args: list[str] = ["--host", "0.0.0.0", "--port", str(port), "--vllm-pd-disaggregation",
+                       "--kv-connector", VLLM_ROUTER_CONNECTORS[backend]]
+    boot = (disagg.bootstrap_port if disagg and disagg.bootstrap_port else MOONCAKE_BOOTSTRAP_PORT)
+    for e in prefill:
+        args += ["--prefill", f"http://{e}"] + ([str(boot)] if backend == "mooncake" else [])
+    for e in decode:
+        args += ["--decode", f"http://{e}"]
+    return ("vllm-router",), tuple(args)
 
 
 def command(candidate: Candidate, serving: ServingOptions, role: PodRole, el: EngineLayout,
