@@ -1459,15 +1459,37 @@ class ResourcesSpec(ApiModel):
 
 
 class RouterSpec(ApiModel):
-    """The router in front of a disaggregated deployment: the Gateway API Inference Extension's InferencePool
-    and its endpoint picker (docs/disaggregation.md)."""
+    """The router in front of the deployment (docs/disaggregation.md, "The router"): the Gateway API Inference
+    Extension's InferencePool and its endpoint picker, or, for clusters without a gateway, the engine's own
+    prefill/decode router. Given on an aggregated deployment, it asks for an InferencePool in front of its
+    replicas (so a KV-cache-aware picker can route to them)."""
 
+    kind: Literal["inferencePool", "engine"] = Field(
+        default="inferencePool",
+        description="inferencePool (default): an InferencePool (inference.networking.k8s.io/v1, GIE v1.6.0) selecting "
+        "the serving pods, with the endpoint picker `image`; for an aggregated deployment too. engine: the engine's own "
+        "PD router as a Deployment and Service <name>-router (vllm-router 0.1.17, sglang-router 0.3.2, trtllm-serve "
+        "disaggregated), listing the served revision's ready prefill and decode leaders; disaggregated deployments "
+        "only (an aggregated one is served by its own Service).",
+    )
     image: str | None = _str(
-        "Container image of the endpoint picker (EPP) the deployment's InferencePool names. meshplan pins none: "
-        "GIE v1.6.0's lightweight EPP has no prefill/decode scheduling profile, so a pd-aware picker (one that "
-        "reads the meshplan.dev/serving-role label and takes --pool-name/--pool-namespace) is the operator's "
-        "choice. Required when spec.serving.disaggregation is auto or enabled.",
+        "Container image of the router: for kind inferencePool the endpoint picker (EPP) the InferencePool names "
+        "(meshplan pins none: GIE v1.6.0's lightweight EPP has no prefill/decode scheduling profile, so a pd-aware "
+        "picker that reads the meshplan.dev/serving-role label and takes --pool-name/--pool-namespace is the "
+        "operator's choice); for kind engine an image holding the engine's router (vllm-router, sglang-router, or "
+        "the TensorRT-LLM image). Required whenever spec.serving.router is given.",
         512, r"^[^\s]+$", default=None,
+    )
+
+    RULES = (
+        Rule(
+            "has(self.image)",
+            "spec.serving.router.image is required: the router's container image (the endpoint picker for kind "
+            "inferencePool, the engine's router for kind engine; meshplan pins none)",
+            ".image",
+            lambda s: s.image is not None,
+            "FieldValueRequired",
+        ),
     )
 
 
@@ -1481,17 +1503,30 @@ class ServingSpec(ApiModel):
         "groups of the planner's layouts and P:D ratio, behind an InferencePool), or auto (the planner compares "
         "both per spec.objective and deploys the better one; status.disaggregation says why).",
     )
-    router: RouterSpec | None = Field(default=None, description="The InferencePool's endpoint picker.")
+    router: RouterSpec | None = Field(
+        default=None, description="The router in front of the deployment: required when disaggregation is auto or "
+        "enabled; on an aggregated deployment (disabled), an InferencePool in front of its replicas when given.")
 
     RULES = (
         Rule(
             "!has(self.disaggregation) || self.disaggregation == 'disabled' || "
             "(has(self.router) && has(self.router.image))",
             "spec.serving.router.image is required when spec.serving.disaggregation is auto or enabled: the "
-            "InferencePool of a disaggregated deployment needs an endpoint picker image (meshplan pins none)",
+            "prefill and decode roles need a router in front (an endpoint picker image for kind inferencePool, the "
+            "engine's router image for kind engine; meshplan pins none)",
             ".router.image",
             lambda s: s.disaggregation == "disabled" or (s.router is not None and s.router.image is not None),
             "FieldValueRequired",
+        ),
+        Rule(
+            "!has(self.router) || !has(self.router.kind) || self.router.kind != 'engine' || "
+            "(has(self.disaggregation) && self.disaggregation != 'disabled')",
+            "spec.serving.router.kind engine is the engine's prefill/decode router: it needs spec.serving."
+            "disaggregation auto or enabled (an aggregated deployment is served by its own Service; use kind "
+            "inferencePool for a pool in front of aggregated replicas)",
+            ".router.kind",
+            lambda s: s.router is None or s.router.kind != "engine" or s.disaggregation != "disabled",
+            "FieldValueInvalid",
         ),
     )
 

@@ -119,11 +119,18 @@ def policy_problems(spec: Any, policy: EnginePolicy) -> list[str]:
                                    "use an allowed image, or leave spec.engine.image unset for the operator's "
                                    "pinned image")
     serving = getattr(spec, "serving", None)
-    router = getattr(getattr(serving, "router", None), "image", None)
-    if router is not None and getattr(serving, "disaggregation", "disabled") != "disabled":
-        problems += _image_problem(policy, "spec.serving.router.image", router, "router", "",
-                                   "the endpoint picker runs in this namespace like an engine pod; use an allowed "
-                                   "image")
+    router_spec = getattr(serving, "router", None)
+    router = getattr(router_spec, "image", None)
+    if router is not None:
+        # The engine's own router (kind engine) may run from an image the admin allows for that engine (SGLang's and
+        # TensorRT-LLM's images carry their routers); any router may run from allowedImages.router.
+        engine_ok = (getattr(router_spec, "kind", "inferencePool") == "engine"
+                     and image_allowed(router, tuple(policy.allowed_images.get(kind, ()))))
+        if not engine_ok:
+            problems += _image_problem(policy, "spec.serving.router.image", router, "router", "",
+                                       "the router runs in this namespace like an engine pod; use an allowed image"
+                                       + (f" (for kind engine, one allowed for {kind} also does)"
+                                          if getattr(router_spec, "kind", "") == "engine" else ""))
     if not policy.allow_env_value_from:
         for where, env in (("spec.engine.env", spec.engine.env), ("spec.nccl.env", spec.nccl.env)):
             for i, e in enumerate(env or ()):

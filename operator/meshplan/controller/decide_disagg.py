@@ -26,9 +26,11 @@ both roles' plan hashes). Rules, as `decide.py`'s where they are the same:
    one NVLink domain, one network block or anywhere), existing groups keeping their nodes, on the topology
    charged with the groups of other revisions. A group to create that has no place waits (Placed=False).
 5. All-or-nothing per group: created gated, released in the same reconcile once every member exists.
-6. Router: an InferencePool selecting exactly the served revision's leaders, its endpoint picker (Deployment,
-   Service) and the picker's RBAC, all owned by the deployment. Without the InferencePool CRD in the cluster:
-   condition Routed=False/InferencePoolCRDMissing naming the CRD; the groups are deployed all the same.
+6. Router (`controller.routing.decide_router`, spec.serving.router.kind): an InferencePool selecting exactly the
+   served revision's leaders, its endpoint picker (Deployment, Service) and the picker's RBAC; or the engine's own
+   PD router listing the served revision's ready prefill and decode leaders; all owned by the deployment. Without
+   the InferencePool CRD in the cluster: condition Routed=False/InferencePoolCRDMissing naming the CRD; the
+   groups are deployed all the same.
 7. Available: at least one whole unit of the served revision is ready.
 """
 
@@ -44,13 +46,11 @@ from meshplan.controller import status as st
 from meshplan.controller.decide import (OWNED_STATUS_KEYS, REQUEUE_PROGRESSING_S, REQUEUE_STEADY_S,
                                         REQUEUE_WAITING_S, Inputs, LiveGroup, Outcome, _no_plan, live_pod)
 from meshplan.controller.disagg_rollout import Desired, RoleGroup, Room, rollout_step, units
-from meshplan.render.inference_pool import (LABEL_SERVING_REVISION, LABEL_SERVING_ROLE, POOL_GROUP, ROLES,
-                                            pool_name, render_epp, render_epp_rbac, render_inference_pool,
-                                            serving_revision)
+from meshplan.controller.routing import POOL_CRD, RouterInputs, decide_router, router_endpoints
+from meshplan.render.inference_pool import LABEL_SERVING_REVISION, LABEL_SERVING_ROLE, ROLES, serving_revision
 from meshplan.render.workloads import LABEL_DEPLOYMENT, LABEL_REPLICA, owner_reference
 
 REASON_MAX = 4096
-POOL_CRD = f"inferencepools.{POOL_GROUP}"
 DISAGG_STATUS_KEYS = (*OWNED_STATUS_KEYS, "disaggregation")
 
 
@@ -92,6 +92,7 @@ class DisaggTarget:
     gpus_per_node: int
     router_image: str
     pool_crd: bool = True           # the InferencePool CRD exists in the cluster
+    router_kind: str = "inferencePool"   # spec.serving.router.kind (api.models.RouterSpec)
 
 
 @dataclass(frozen=True)
@@ -313,29 +314,24 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
         if (r, idx) not in keep_svc:
             out.delete.append(("v1", "Service", sname, (svc.get("metadata") or {}).get("uid", "")))
 
-    # Rule 6: the router.
-    owner = owner_reference(name, uid)
-    routed: tuple[str, bool | str, str, str]
-    for obj in render_epp_rbac(name=name, namespace=ns, owner=owner) + \
-            render_epp(name=name, namespace=ns, owner=owner, image=t.router_image,
-                       service_account=render_epp_rbac(name=name, namespace=ns, owner=owner)[0]["metadata"]["name"]):
-        out.apply.append((obj, _live(inp.routers, obj)))
-    if not t.pool_crd:
-        routed = ("Routed", False, "InferencePoolCRDMissing",
-                  f"the CustomResourceDefinition {POOL_CRD} (Gateway API Inference Extension) is not installed: no "
-                  f"InferencePool is created; the prefill and decode groups are deployed all the same. Install the "
-                  f"GIE CRDs (v1.6.0) to route through the endpoint picker")
-    elif step.serve is None:
-        routed = ("Routed", False, "NoRevisionReady",
-                  f"no whole unit ({ratio[0]} prefill + {ratio[1]} decode group(s)) of revision {revision} is ready "
-                  "yet: the InferencePool is created once one is")
-    else:
-        pool = render_inference_pool(name=name, namespace=ns, owner=owner, engine=t.serving.engine,
-                                     disaggregated=True, revision=step.serve, target_ports=(t.serving.port,))
-        out.apply.append((pool, _live(inp.routers, pool)))
-        routed = ("Routed", True, "PoolServesRevision",
-                  f"InferencePool {pool_name(name)} selects revision {step.serve}: {step.served_units} whole unit(s) "
-                  f"ready")
+    # Rule 6: the router (one rule for every router kind and for aggregated deployments: controller.routing).
+    leaders: dict[str, list[str]] = {r: [] for r in ROLES}
+    if step.serve is not None:
+        for r in ROLES:
+            ready = [g for _, g in sorted(live[r].items()) if _group_revision(g) == step.serve and
+                     g.ready(n_pods[r] if step.serve == revision else None)]
+            leaders[r] = router_endpoints(ready, ns, t.serving.port)
+    from meshplan.engines.base import Disaggregation
+
+    rout = decide_router(RouterInputs(
+        name=name, namespace=ns, uid=uid, engine=t.serving.engine, kind=t.router_kind, image=t.router_image,
+        port=t.serving.port, pool_crd=t.pool_crd, disaggregated=True, serve=step.serve,
+        served_units=step.served_units, ratio=ratio, revision=revision, prefill=leaders["prefill"],
+        decode=leaders["decode"], disagg=Disaggregation("decode"), service_account=t.pods.service_account,
+        live=inp.routers))
+    out.apply += rout.apply
+    out.delete += rout.delete
+    routed = rout.condition
 
     # Rule 7: status.
     served_units = step.served_units if step.serve is not None else 0
@@ -374,7 +370,8 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
     values.append(("Degraded", degraded, "ReplicaRestarted" if restarted else
                    "MissingReplicas" if degraded else "AsPlanned",
                    f"{served_units} of {want_units} unit(s) ready" + (f"; restarted {restarted}" if restarted else "")))
-    values.append(routed)
+    if routed is not None:
+        values.append(routed)
     prev = list(b.previous_status.get("conditions") or [])
     conds = st.conditions(prev, st.merge_values(values, b.extra_conditions), b.generation, b.now)
     for cond in conds:

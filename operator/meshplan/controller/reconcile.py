@@ -51,7 +51,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from meshplan.controller import apply as applier
 from meshplan.controller import indexes
@@ -657,8 +657,7 @@ class Reconciler:
         generation = body["metadata"].get("generation")
         known = self.refusals.get(uid)
         known_refusal = known[1] if known is not None and known[0] == generation else None
-        if ((body.get("spec") or {}).get("serving") or {}).get("disaggregation") in ("auto", "enabled") \
-                and labels_can_carry(name):
+        if labels_can_carry(name) and wants_router_view(body, services):
             self.router_views[(namespace, name)] = await self._router_view(namespace, name, uid, services)
         else:
             self.router_views.pop((namespace, name), None)
@@ -818,12 +817,14 @@ class Reconciler:
         from pydantic import ValidationError
 
         from meshplan.api.models import LLMDeployment, validate_semantics
+        from meshplan.controller.routing import is_router_object
 
         meta = body.get("metadata") or {}
         status = body.get("status") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         common = dict(name=meta.get("name", ""), namespace=meta.get("namespace", ""), uid=meta.get("uid", ""),
-                      generation=meta.get("generation"), topology=topology, pods=pods, services=services,
+                      generation=meta.get("generation"), topology=topology, pods=pods,
+                      services=[s for s in services if not is_router_object(s)],
                       compute_domains=cds, previous_status=status, now=self.clock(),
                       extra_conditions=tuple(self.autoscaler_conditions.get(key, ())), held_for=held_for)
         try:
@@ -880,7 +881,13 @@ class Reconciler:
         if split is not None:
             return split
         target = self._with_policy(target_for(spec, plan, topology, bool(self.compute_domains)))
+        rout = self._aggregated_router(spec, target, common)
+        if rout is not None and rout.condition is not None:
+            common = {**common, "extra_conditions": (*common["extra_conditions"], rout.condition)}
         outcome = decide(Inputs(desired_replicas=desired, target=target, replicas_why=replicas_why, **common))
+        if rout is not None:
+            outcome.apply += rout.apply
+            outcome.delete += rout.delete
         if is_disaggregated_spec(spec) and common["uid"] in self.disagg_plans:
             # auto kept aggregated serving: say why (the comparison), the groups are decide's
             outcome.status["disaggregation"] = disaggregation_status(self.disagg_plans[common["uid"]][1])
@@ -905,19 +912,33 @@ class Reconciler:
         return outcome
 
     async def _router_view(self, namespace: str, name: str, uid: str, services: list) -> tuple[bool, list]:
-        """Whether the InferencePool CRD exists, and the deployment's live router objects (read by name)."""
-        from meshplan.controller.decide_disagg import POOL_CRD
-        from meshplan.render.inference_pool import POOL_API_VERSION, POOL_KIND, epp_name, pool_name
+        """Whether the InferencePool CRD exists, and the deployment's live router objects (read by name): the
+        picker's and the pool (kind inferencePool), the engine router's Deployment (kind engine); their Services
+        are among the deployment's own (listed by label)."""
+        from meshplan.controller.routing import POOL_CRD, engine_router_objects_named, pool_objects_named
+        from meshplan.render.inference_pool import POOL_KIND
 
         if not self.pool_crd:
             self.pool_crd = await self.kube.crd_exists(POOL_CRD)
-        wanted = [("apps/v1", "Deployment", epp_name(name)), ("v1", "ServiceAccount", epp_name(name)),
-                  ("rbac.authorization.k8s.io/v1", "Role", epp_name(name)),
-                  ("rbac.authorization.k8s.io/v1", "RoleBinding", epp_name(name))]
-        if self.pool_crd:
-            wanted.append((POOL_API_VERSION, POOL_KIND, pool_name(name)))
+        wanted = [(a, k, n) for a, k, n in pool_objects_named(name) + engine_router_objects_named(name)
+                  if k != "Service" and (k != POOL_KIND or self.pool_crd)]
         found = await asyncio.gather(*(self.kube.get(a, k, namespace, n) for a, k, n in wanted))
         return bool(self.pool_crd), [o for o in found if o is not None and _owned_by(o, uid)] + list(services)
+
+    def _aggregated_router(self, spec: Any, target: Any, common: dict[str, Any]) -> Any:
+        """An aggregated deployment's router (controller.routing): an InferencePool in front of its replicas when
+        spec.serving.router asks for one, and the removal of router objects no longer asked for; None when the
+        reconciler read no router objects (none asked for, none left)."""
+        from meshplan.controller.routing import RouterInputs, decide_router
+
+        view = self.router_views.get((common["namespace"], common["name"]))
+        if view is None:
+            return None
+        router = getattr(getattr(spec, "serving", None), "router", None)
+        return decide_router(RouterInputs(
+            name=common["name"], namespace=common["namespace"], uid=common["uid"], engine=spec.engine.kind,
+            kind=getattr(router, "kind", None), image=getattr(router, "image", None), port=target.serving.port,
+            pool_crd=view[0], disaggregated=False, live=view[1]))
 
     def _decide_disagg(self, spec: Any, plan: Any, topology: Topology, desired: int,
                        common: dict[str, Any], replicas_why: str) -> Outcome | None:
@@ -960,7 +981,7 @@ class Reconciler:
             per_node = get_gpu(dplan.choice.decode.gpu).gpus_per_node
         pool_crd, routers = self.router_views.get((common["namespace"], common["name"]), (False, []))
         target = DisaggTarget(dplan, serving, network, pods, product, per_node or 1, spec.serving.router.image,
-                              pool_crd)
+                              pool_crd, spec.serving.router.kind)
         base = Inputs(desired_replicas=desired, replicas_why=replicas_why, **common)
         return decide_disagg(DisaggInputs(base, target, routers))
 
@@ -1126,6 +1147,16 @@ async def ensure_nim_ssh_secret(kube: Kube, namespace: str, name: str, uid: str,
     return await ensure_owned_secret(
         kube, namespace, name, uid, desired, volume=nim.SSH_VOLUME, who="the NIM multi-node pods",
         build=lambda dep, ns, owner: nim.ssh_secret(dep, ns, owner, base_labels(dep, "nim")))
+
+
+def wants_router_view(body: Mapping[str, Any], services: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a reconcile reads the deployment's router objects: it is (or may be) disaggregated, asks for a
+    router, or still has a router Service of its own (a router no longer asked for, to delete)."""
+    from meshplan.controller.routing import is_router_object
+
+    serving = (body.get("spec") or {}).get("serving") or {}
+    return (serving.get("disaggregation") in ("auto", "enabled") or bool(serving.get("router"))
+            or any(is_router_object(s) for s in services))
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
