@@ -142,6 +142,12 @@ INVALID_CASES: list[tuple[str, dict, str]] = [
      "spec.serving.router.image"),
     ("disaggregation-auto-without-router-image", {"serving": {"disaggregation": "auto", "router": {}}},
      "spec.serving.router.image"),
+    ("router-kind-unknown", {"serving": {"disaggregation": "enabled", "router": {"kind": "gateway", "image": "x/y:1"}}},
+     "spec.serving.router.kind"),
+    ("router-engine-on-aggregated", {"serving": {"router": {"kind": "engine", "image": "x/y:1"}}},
+     "spec.serving.router.kind"),
+    ("router-without-image-on-aggregated", {"serving": {"router": {"kind": "inferencePool"}}},
+     "spec.serving.router.image"),
 ]
 
 # (case id, spec patch of the object first created, spec patch of the update, field path)
