@@ -119,6 +119,11 @@ def test_r1_disaggregated_reaches_available_with_prefill_and_decode_gangs_and_it
         assert ("kv_producer" if role == "prefill" else "kv_consumer") in args, args
     rev = d["servedRevision"]
     assert {p["metadata"]["labels"][LABEL_SERVING_REVISION] for p in pods} == {rev}
+    rows = kit.wait(lambda: [r for r in (kit.get(cluster, ns, "llmd", name)["status"].get("placement") or [])
+                             if r.get("ready")] or None, 30, "status.placement ready rows")
+    by_role = {r["role"]: r for r in rows}
+    assert sorted(by_role) == ["decode", "prefill"] and all(r["revision"] == rev for r in rows), rows
+    assert {r["nodes"][0] for r in rows} == {p["spec"]["nodeName"] for p in pods}, rows
     sel = selected(cluster, ns, name)
     assert sorted((r, v) for r, v, _ in sel) == [("decode", rev), ("prefill", rev)], sel
     pool = kit.get(cluster, ns, "inferencepools.inference.networking.k8s.io", f"{name}-pool")

@@ -242,3 +242,22 @@ def test_an_aggregated_deployment_gets_a_pool_when_asked_and_loses_it_when_not()
     assert left == set(), left
     assert sorted(n for (k, n) in api.objects if k == "Pod") == pods_before
     assert _cond(api.body, "Routed")["reason"] == "NoRouter"
+
+
+def test_status_placement_of_a_disaggregated_deployment_lists_each_role_group():
+    api, rec = _reconciler(_pd("inferencePool"), "hgx-h200-ib")
+    asyncio.run(rec.reconcile("ns", "r1"))
+    rows = api.body["status"]["placement"]
+    assert [(r["role"], r["index"]) for r in rows] == [("prefill", 0), ("decode", 0)], rows
+    pods = {o["metadata"]["labels"][LABEL_SERVING_ROLE]: o for (k, _), o in api.objects.items() if k == "Pod"}
+    for r in rows:
+        p = pods[r["role"]]
+        assert r["nodes"] == [p["metadata"]["annotations"]["meshplan.dev/assigned-node"]]
+        assert r["gpus"] == 8 and r["ready"] is False
+        assert r["revision"] == p["metadata"]["labels"][LABEL_SERVING_REVISION]
+    _ready_all_pods(api)
+    asyncio.run(rec.reconcile("ns", "r1"))
+    assert all(r["ready"] for r in api.body["status"]["placement"]), api.body["status"]["placement"]
+    from meshplan.api.models import LLMDeploymentStatus
+
+    LLMDeploymentStatus.model_validate(api.body["status"])        # the status document the CRD describes

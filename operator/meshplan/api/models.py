@@ -1691,6 +1691,10 @@ class ReplicaPlacement(ApiModel):
     nodes: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=1024, description="Nodes of the replica, stage order.")
     gpus: int = Field(default=0, ge=0, description="GPUs the replica holds.")
     ready: bool = Field(default=False, description="All of the replica's pods are ready.")
+    role: Literal["prefill", "decode"] | None = Field(
+        default=None, description="Disaggregated deployments: the group's role (index counts within its role).")
+    revision: str | None = _str("Disaggregated deployments: the group's serving revision (meshplan.dev/serving-"
+                                "revision).", 63, default=None)
 
 
 class AutoscalingStatus(ApiModel):

@@ -252,6 +252,7 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
     live_svcs = {(s.get("metadata") or {}).get("name"): s for s in b.services}
     wanted_svcs: set[str] = set()
     unplaced: list[str] = []
+    placed_now: dict[str, list[Any]] = {r: [] for r in ROLES}
     for r in ROLES:
         res = placement.prefill if placement is not None and r == "prefill" else \
             placement.decode if placement is not None else None
@@ -268,6 +269,7 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
                 unplaced.append(f"{r} r{i}")
             else:
                 chosen.append(dataclasses.replace(x, index=i))
+        placed_now[r] = chosen
         if not chosen:
             continue
         pr = PlacementResult(request=dataclasses.replace(reqs0[r], replicas=len(chosen)), placed=tuple(chosen))
@@ -387,7 +389,7 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
         "conditions": conds,
         "plan": st.plan_summary(cands["decode"], c.label(), gpu_product=t.product),
         "alternatives": [],
-        "placement": [],
+        "placement": placement_status(live, placed_now, revision, n_pods, gpus),
         "replicas": min(len(new_idx["prefill"]) // ratio[0], len(new_idx["decode"]) // ratio[1]),
         "readyReplicas": served_units,
         "desiredReplicas": R,
@@ -402,6 +404,34 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
     out.requeue_after_s = REQUEUE_WAITING_S if short else (REQUEUE_PROGRESSING_S if prog[1] is True
                                                           else REQUEUE_STEADY_S)
     return out
+
+
+def placement_status(live: Mapping[str, Mapping[int, LiveGroup]], placed_now: Mapping[str, Sequence[Any]],
+                     revision: str, n_pods: Mapping[str, int], gpus: Mapping[str, int]) -> list[dict[str, Any]]:
+    """status.placement of a disaggregated deployment: one entry per group, prefill then decode, by index; the
+    groups of this revision where placement put them this reconcile (created or kept), those of another revision
+    (still serving or draining) where their pods run."""
+    rows: list[dict[str, Any]] = []
+    for r in ROLES:
+        seen: set[int] = set()
+        entries: list[tuple[int, dict[str, Any]]] = []
+        for x in placed_now.get(r, ()):
+            g = live.get(r, {}).get(x.index)
+            entries.append((x.index, {
+                "index": x.index, "role": r, "revision": revision,
+                "nvlinkDomain": (x.domains[0] if x.single_domain else ",".join(x.domains))[:253],
+                "nodes": list(x.nodes), "gpus": gpus[r],
+                "ready": bool(g is not None and _group_revision(g) == revision and g.ready(n_pods[r]))}))
+            seen.add(x.index)
+        for i, g in live.get(r, {}).items():
+            if i in seen:
+                continue
+            rev = _group_revision(g)
+            entries.append((i, {"index": i, "role": r, "revision": rev or None,
+                                "nodes": [n for n in g.nodes() if n], "gpus": sum(p.gpus for p in g.pods.values()),
+                                "ready": g.ready(n_pods[r] if rev == revision else None)}))
+        rows += [{k: v for k, v in e.items() if v is not None} for _, e in sorted(entries, key=lambda t: t[0])]
+    return rows
 
 
 def g_open_nodes(g: Any) -> list[str]:
