@@ -44,7 +44,8 @@ from accuracy import median, spearman  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "evidence"
 GENERATION = {"a100_sxm_40gb": "ampere", "a100_sxm_80gb": "ampere", "h100_sxm": "hopper",
-              "h200_sxm": "hopper", "b200_sxm": "blackwell", "mi300x": "cdna3"}
+              "h200_sxm": "hopper", "b200_sxm": "blackwell", "mi300x": "cdna3", "mi325x": "cdna3",
+              "mi355x": "cdna4"}
 METRICS = ("tpot_ms", "ttft_ms", "tokens_per_s_per_gpu")
 
 

@@ -1,9 +1,12 @@
 """The second evidence base (benchmarks/evidence.py, issue 20): its held-out figures, its folds, its variants.
 
-The figures are the planner's median absolute errors on 43 public runs outside AIConfigurator's data,
+The figures are the planner's median absolute errors on public runs outside AIConfigurator's data
+(204 non-speculative runs from 21 sources on 2026-12-01; the first build's 43 runs from 6 sources),
 none of which the committed parameters were fitted on. They are not at issue 20's targets (TPOT
 <= 15%, TTFT <= 30%; docs/evidence.md says where the misses are): these tests hold them where they
-are measured now, so a change to the model that makes them worse fails here.
+are measured now, so a change to the model that makes them worse fails here. The first build's
+sources keep their own figures (FIRST_BUILD): adding sources changes the whole base's medians, not
+what the model does on the rows it was already checked on.
 """
 
 from __future__ import annotations
@@ -15,10 +18,18 @@ from meshplan.planner.calibration import FITTED_PARAMS
 
 # measured with the committed parameters on 2026-12-01 (`python benchmarks/evidence.py`); a regression
 # of more than MARGIN (absolute, in error units) fails
-MEASURED = {"tpot_ms": 0.334, "ttft_ms": 0.377, "tokens_per_s_per_gpu": 0.128}
-MEASURED_NO_SUSPECT = {"tpot_ms": 0.093, "ttft_ms": 0.377, "tokens_per_s_per_gpu": 0.128}
-SPEARMAN = {"tpot_ms": 0.70, "ttft_ms": 0.83, "tokens_per_s_per_gpu": 0.97}
 MARGIN = 0.02
+# the first build's six sources (43 runs): the figures the targets below were set on
+FIRST_BUILD = {"trtllm-perf-overview", "inferencex-870-h200", "inferencex-870-b200", "inferencex-1061-mi300x",
+               "tenstorrent-356-h100", "musgrave-a100"}
+MEASURED_FIRST = {"tpot_ms": 0.334, "ttft_ms": 0.377, "tokens_per_s_per_gpu": 0.128}
+MEASURED_FIRST_NO_SUSPECT = {"tpot_ms": 0.093, "ttft_ms": 0.377, "tokens_per_s_per_gpu": 0.128}
+SPEARMAN_FIRST = {"tpot_ms": 0.70, "ttft_ms": 0.83, "tokens_per_s_per_gpu": 0.97}
+# every source (second build: + InferenceX #870 concurrency 4 and #828, the NIM benchmarking page, dstack's
+# DeepSeek-R1 raw results, InferenceX-app's API fixture): 204 runs, 21 sources
+MEASURED = {"tpot_ms": 0.305, "ttft_ms": 0.575, "tokens_per_s_per_gpu": 0.364}
+MEASURED_NO_SUSPECT = {"tpot_ms": 0.299, "ttft_ms": 0.575, "tokens_per_s_per_gpu": 0.365}
+SPEARMAN = {"tpot_ms": 0.83, "ttft_ms": 0.79, "tokens_per_s_per_gpu": 0.92}
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +43,12 @@ def pairs(runs):
 
 
 def test_evidence_base_is_what_the_docs_describe(runs):
-    assert len(runs) >= 43
-    assert len({r.source for r in runs}) >= 6
+    assert len(runs) >= 204
+    assert len({r.source for r in runs}) >= 21
     assert {r.engine for r in runs} >= {"vllm", "sglang", "trtllm"}
-    assert len({ev.GENERATION[r.gpu] for r in runs}) >= 3
+    assert len({ev.GENERATION[r.gpu] for r in runs}) >= 5
+    assert {r.source for r in runs} >= FIRST_BUILD
+    assert len([r for r in runs if r.source in FIRST_BUILD]) == 43
 
 
 def test_held_out_figures_do_not_regress(pairs):
@@ -43,17 +56,27 @@ def test_held_out_figures_do_not_regress(pairs):
     for k, was in MEASURED.items():
         assert f[k]["mae"] <= was + MARGIN, (k, f[k])
         assert f[k]["spearman"] >= SPEARMAN[k] - 0.05, (k, f[k])
-    # tokens/s/GPU is at its target (<= 15%) and must stay there
+
+
+def test_first_build_figures_do_not_regress(pairs):
+    f = ev.figures([(r, p) for r, p in pairs if r.source in FIRST_BUILD])
+    for k, was in MEASURED_FIRST.items():
+        assert f[k]["mae"] <= was + MARGIN, (k, f[k])
+        assert f[k]["spearman"] >= SPEARMAN_FIRST[k] - 0.05, (k, f[k])
+    # tokens/s/GPU is at its target (<= 15%) on the first build's sources and must stay there
     assert f["tokens_per_s_per_gpu"]["mae"] <= 0.15
 
 
-def test_held_out_figures_without_the_suspect_source_do_not_regress(pairs):
+def test_held_out_figures_without_the_suspect_sources_do_not_regress(pairs):
     suspect = ev.suspect_sources()
     assert "tenstorrent-356-h100" in suspect and "TP16 assumed" in suspect["tenstorrent-356-h100"]
     f = ev.figures([(r, p) for r, p in pairs if r.source not in suspect])
     for k, was in MEASURED_NO_SUSPECT.items():
         assert f[k]["mae"] <= was + MARGIN, (k, f[k])
-    assert f["tpot_ms"]["mae"] <= 0.15          # at the TPOT target without the one suspect source
+    first = ev.figures([(r, p) for r, p in pairs if r.source in FIRST_BUILD and r.source not in suspect])
+    for k, was in MEASURED_FIRST_NO_SUSPECT.items():
+        assert first[k]["mae"] <= was + MARGIN, (k, first[k])
+    assert first["tpot_ms"]["mae"] <= 0.15      # at the TPOT target on the first build without its suspect source
 
 
 @pytest.mark.parametrize("key", [lambda r: r.source, lambda r: r.model], ids=["source", "model"])
