@@ -1,0 +1,241 @@
+"""Per-role autoscaling of a disaggregated deployment end to end (issue 19): real control plane, real
+Prometheus, `meshplan run` as a process with the Helm chart's RBAC (e2e/chart_credentials.py).
+
+A DeepSeek-R1 deployment with `spec.serving.disaggregation: enabled`, pinned to TP8, on a private kwok fleet of
+6 HGX H200 nodes with `rdma/ib` (as e2e/test_disagg.py), with spec.autoscaling.enabled and short up windows.
+kwok pods run nothing: each role's engines are one synthetic vLLM exporter (e2e/exporter.py's SyntheticEngine
+through e2e/autoscale_fleet.FollowingFleet with `role`), whose series carry the role label the chart's PodMonitor
+gives them (`meshplan_dev_serving_role`) and whose replica count follows the READY groups of that role the
+operator made; Prometheus scrapes both every second. Latency, queue and KV usage come from the calibrated replica
+model (`autoscale.queueing.ReplicaModel`), not from the planner the operator sizes with.
+
+1. Longer outputs on the decode exporter (OSL 256 -> 1024: more requests running, each holding more KV cache;
+   its vllm:kv_cache_usage_perc goes from about 0.2 to 1.0, ITL stays inside the SLO) scale the decode groups
+   and not the prefill groups, within two up windows.
+2. A heavier prompt load on the prefill exporter (prompts ten times longer to prefill and twelve times as many:
+   TTFT p99 above the 2 s target) scales the prefill groups and not the decode groups, within two up windows.
+
+The down window is long (the test watches scale-ups; a scale-down during it would move the other role's count
+for a reason the test is not about). The InferencePool CRDs are not installed: Routed=False says so and the
+groups deploy all the same (e2e/test_disagg.py covers the pool).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from e2e.reliability import kit
+from meshplan.autoscale.queueing import ReplicaModel
+from meshplan.render.inference_pool import LABEL_SERVING_ROLE
+
+pytestmark = [pytest.mark.e2e]
+GLOB = "mppdas-*"
+H200 = "NVIDIA-H200"
+EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.6.0"
+UP_WINDOW_S = 10
+INTERVAL_S = 2.5          # controller.autoscaling.evaluation_interval_s(10 s)
+TWO_WINDOWS_S = 2 * UP_WINDOW_S + 2 * INTERVAL_S + 5     # as e2e/test_autoscale.py allows
+KV_TOKENS = 16384         # the decode exporter's KV pool per replica
+
+fleet_mod = None
+
+
+def _fleet_mod():
+    global fleet_mod
+    if fleet_mod is None:
+        import importlib.util
+        from pathlib import Path
+
+        spec = importlib.util.spec_from_file_location("e2e_autoscale_fleet_roles",
+                                                      Path(__file__).with_name("autoscale_fleet.py"))
+        fleet_mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(fleet_mod)
+    return fleet_mod
+
+
+@pytest.fixture(scope="module")
+def gpus(cluster):
+    kit.ensure_crd(cluster)
+    group = {"namePrefix": "rel-pdscale-a", "count": 6, "zone": "zone-a", "gpusPerNode": 8, "product": H200,
+             "memoryMiB": 143771, "family": "hopper", "cpu": "224", "memory": "2Ti", "rdma": {"rdma/ib": 8}}
+    f = kit.Fleet(cluster, "rel-pdscale", [group])
+    f.add()
+    yield f
+    f.delete()
+
+
+@pytest.fixture(scope="module")
+def op(cluster, gpus, request):
+    kit.ensure_crd(cluster)
+    o = kit.start(kit.operator(cluster, GLOB, "--prometheus-url", cluster.prometheus_url))
+    failed = request.session.testsfailed
+    yield o
+    o.stop()
+    if request.session.testsfailed > failed:
+        print(f"\n----- operator log (tail) -----\n{o.tail(200)}")
+
+
+@pytest.fixture
+def ns(cluster, op, request):
+    import uuid
+
+    name = kit.namespace(cluster, "mppdas", f"{request.node.name[5:25]}-{uuid.uuid4().hex[:6]}")
+    yield name
+    kit.drop_namespace(cluster, name)
+
+
+@pytest.fixture
+def fleets():
+    started: list = []
+    yield started
+    for f in started:
+        f.stop()
+
+
+def manifest(name: str) -> dict[str, Any]:
+    m = kit.pinned(name, "rel-pdscale", H200, tensor=8, replicas=1, max_gpus=48)
+    m["spec"]["model"] = {"name": "deepseek-r1", "weights": {"uri": "hf://deepseek-ai/DeepSeek-R1"}}
+    m["spec"]["precision"] = {"weights": "fp8", "kvCache": "fp8"}
+    m["spec"]["engine"] = {"kind": "vllm"}
+    m["spec"]["parallelism"] = {"tensor": 8, "expert": 1, "pipeline": 1}
+    m["spec"]["serving"] = {"disaggregation": "enabled", "router": {"image": EPP_IMAGE}}
+    m["spec"]["workload"] = {"inputTokens": 1024, "outputTokens": 256}
+    m["spec"]["slo"] = {"ttftMs": 2000, "itlMs": 50, "percentile": 99}
+    m["spec"]["autoscaling"] = {"enabled": True, "minReplicas": 1, "maxReplicas": 3,
+                                "upWindowSeconds": UP_WINDOW_S, "downWindowSeconds": 600, "cooldownSeconds": 10,
+                                "upThreshold": 1.0, "downThreshold": 0.8}
+    return m
+
+
+def _roles(o: dict[str, Any]) -> dict[str, Any]:
+    return (((o or {}).get("status") or {}).get("autoscaling") or {}).get("roles") or {}
+
+
+def _to(o: dict[str, Any], role: str) -> int | None:
+    return (_roles(o).get(role) or {}).get("toReplicas")
+
+
+def _role_pods(cluster, ns: str, name: str) -> dict[str, int]:
+    out = {"prefill": 0, "decode": 0}
+    for p in kit.pods(cluster, ns):
+        labels = p["metadata"].get("labels") or {}
+        if labels.get("meshplan.dev/deployment") == name and not p["metadata"].get("deletionTimestamp") \
+                and labels.get(LABEL_SERVING_ROLE) in out:
+            out[labels[LABEL_SERVING_ROLE]] += 1
+    return out
+
+
+def _show(cluster, ns: str, name: str, fl: dict) -> dict:
+    o = kit.get(cluster, ns, "llmd", name) or {}
+    st = o.get("status") or {}
+    return {"ready": {r: f.ready_replicas for r, f in fl.items()}, "pods": _role_pods(cluster, ns, name),
+            "autoscaling": st.get("autoscaling"), "disaggregation": st.get("disaggregation"),
+            "conditions": [(c["type"], c["status"], c["reason"], c["message"][:200]) for c in st.get("conditions") or []],
+            "exporters": {r: f.engine.state() for r, f in fl.items()}}
+
+
+def _wait(pred, timeout_s: float, what: str, show=lambda: None):
+    from e2e.operator_runner import wait_until
+
+    v = wait_until(pred, timeout_s)
+    if not v:
+        raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last: {json.dumps(show())[:4000]}")
+    return v
+
+
+def _steady(cluster, ns: str, name: str, fl: dict, prefill: int, decode: int, timeout_s: float = 150) -> dict:
+    def check():
+        o = kit.get(cluster, ns, "llmd", name) or {}
+        a = ((o.get("status") or {}).get("autoscaling") or {})
+        ok = (fl["prefill"].ready_replicas == prefill and fl["decode"].ready_replicas == decode
+              and _to(o, "prefill") == prefill and _to(o, "decode") == decode and a.get("metricsHealthy")
+              and (_roles(o).get("prefill") or {}).get("metricsHealthy")
+              and kit.cond(o, "ScalingActive").get("status") == "True")
+        return o if ok else None
+    return _wait(check, timeout_s, f"{ns}/{name} steady at {prefill} prefill + {decode} decode group(s) with "
+                 "healthy metrics", lambda: _show(cluster, ns, name, fl))
+
+
+def _events(cluster, ns: str, name: str, reason: str) -> list[str]:
+    return [e.get("message", "") for e in kit.events(cluster, ns, name) if e.get("reason") == reason]
+
+
+def test_each_role_scales_on_its_own_signals_and_not_the_other(cluster, ns, fleets):
+    name = "r1-as"
+    kit.apply(cluster, ns, manifest(name))
+    o = _wait(lambda: (lambda o: o if o and ((o.get("status") or {}).get("disaggregation") or {}).get("prefill", {})
+                       .get("desiredReplicas") else None)(kit.get(cluster, ns, "llmd", name)), 90,
+              "the disaggregated plan", lambda: (kit.get(cluster, ns, "llmd", name) or {}).get("status"))
+    d = o["status"]["disaggregation"]
+    p0, d0 = d["prefill"]["desiredReplicas"], d["decode"]["desiredReplicas"]
+    assert d0 == 1 and d["disaggregated"] is True, d
+    print(f"plan {d['label']} (P:D {d['ratio']}): {p0} prefill + {d0} decode group(s) to start")
+
+    decode_model = ReplicaModel(output_tokens=256)
+    prefill_model = ReplicaModel(output_tokens=1, max_num_seqs=6)    # a prefill worker emits one token
+    mod = _fleet_mod()
+    fl = {
+        "prefill": mod.FollowingFleet(cluster, ns, name, role="prefill", rps=1.0, ttft_target_s=2.0,
+                                      itl_target_s=0.05, model=prefill_model).start(),
+        "decode": mod.FollowingFleet(cluster, ns, name, role="decode", rps=1.0, ttft_target_s=2.0,
+                                     itl_target_s=0.05, model=decode_model, kv_tokens_per_replica=KV_TOKENS).start(),
+    }
+    fleets.extend(fl.values())
+    o = _steady(cluster, ns, name, fl, p0, d0)
+    assert o["status"]["replicas"] == 1 and o["status"]["readyReplicas"] == 1       # decode groups (scale subresource)
+    roles = _roles(o)
+    assert "kvCacheUsage" in roles["decode"] and "kvCacheUsage" not in roles["prefill"], roles
+
+    # 1. longer outputs: the decode exporter's KV usage rises past the 0.9 high-watermark
+    fl["decode"].engine.set_model(replace(decode_model, output_tokens=1024))
+    t0 = time.monotonic()
+    seen_prefill: set = set()
+
+    def decode_up():
+        o = kit.get(cluster, ns, "llmd", name) or {}
+        seen_prefill.add(_to(o, "prefill"))
+        return o if (_to(o, "decode") or 0) > d0 else None
+    o = _wait(decode_up, TWO_WINDOWS_S, "the decode groups to scale up", lambda: _show(cluster, ns, name, fl))
+    after = time.monotonic() - t0
+    print(f"decode {d0} -> {_to(o, 'decode')} {after:.1f}s after the outputs grew: "
+          f"{_roles(o)['decode'].get('reason', '')[:300]}")
+    assert after <= TWO_WINDOWS_S
+    assert seen_prefill == {p0}, seen_prefill
+    assert any(m.startswith(f"decode groups scaled from {d0} to") for m in _events(cluster, ns, name, "ScaledUp"))
+    d1 = _to(o, "decode")
+    # the reconciler acts on it: one more decode group, the prefill groups untouched
+    _wait(lambda: fl["decode"].ready_replicas == d1 and _role_pods(cluster, ns, name) == {"prefill": p0, "decode": d1},
+          120, f"{d1} ready decode groups beside {p0} prefill", lambda: _show(cluster, ns, name, fl))
+    o = kit.get(cluster, ns, "llmd", name)
+    assert (o["status"]["replicas"], _to(o, "prefill")) == (d1, p0)
+    # the KV pressure is relieved at that count (about 0.57 with two decode groups): decode holds
+    time.sleep(2 * INTERVAL_S)
+    assert _to(kit.get(cluster, ns, "llmd", name), "decode") == d1
+
+    # 2. a heavier prompt load on the prefill exporter: TTFT p99 above the 2 s target
+    fl["prefill"].engine.set_model(replace(prefill_model, prefill_s=0.7))
+    fl["prefill"].set_load(12.0)
+    t0 = time.monotonic()
+    seen_decode: set = set()
+
+    def prefill_up():
+        o = kit.get(cluster, ns, "llmd", name) or {}
+        seen_decode.add(_to(o, "decode"))
+        return o if (_to(o, "prefill") or 0) > p0 else None
+    o = _wait(prefill_up, TWO_WINDOWS_S, "the prefill groups to scale up", lambda: _show(cluster, ns, name, fl))
+    after = time.monotonic() - t0
+    print(f"prefill {p0} -> {_to(o, 'prefill')} {after:.1f}s after the prompt load rose: "
+          f"{_roles(o)['prefill'].get('reason', '')[:300]}")
+    assert after <= TWO_WINDOWS_S
+    assert seen_decode == {d1}, seen_decode
+    assert any(m.startswith(f"prefill groups scaled from {p0} to") for m in _events(cluster, ns, name, "ScaledUp"))
+    p1 = _to(o, "prefill")
+    _wait(lambda: (lambda c: c["decode"] == d1 and c["prefill"] >= p1)(_role_pods(cluster, ns, name)), 120,
+          f"at least {p1} prefill groups beside {d1} decode", lambda: _show(cluster, ns, name, fl))
+    o = kit.get(cluster, ns, "llmd", name)
+    assert _to(o, "decode") == d1 and o["status"]["replicas"] == d1
