@@ -166,7 +166,7 @@ def test_one_evaluation_scales_the_prefill_groups_on_their_ttft_and_leaves_decod
     assert auto["toReplicas"] == 1 and auto["roles"]["ratio"] == "3:1"
     assert auto["roles"]["decode"]["kvCacheUsage"] == 0.3 and "kvCacheUsage" not in auto["roles"]["prefill"]
     LLMDeploymentStatus.model_validate(body["status"])                          # the schema's fields
-    assert [e[2].split(" because")[0] for e in events] == ["prefill groups scaled from 2 to 3"]
+    assert [(e[1], e[2].split(" because")[0]) for e in events] == [("ScaledUp", "prefill groups scaled from 2 to 3")]
     assert ("ns", "r1") in enq
     # the reconciler now drives 2 prefill + 1 decode
     from meshplan.controller.decide_disagg import role_targets
@@ -197,7 +197,7 @@ def test_decode_scales_on_kv_pressure_and_prefill_stays():
     clock["t"] += 11
     d = asyncio.run(ar.evaluate(a, body, spec, dplan))
     assert (d.prefill.desired_replicas, d.decode.desired_replicas) == (2, 2), d.decode.message
-    assert [e[2].split(" because")[0] for e in events] == ["decode groups scaled from 1 to 2"]
+    assert [(e[1], e[2].split(" because")[0]) for e in events] == [("ScaledUp", "decode groups scaled from 1 to 2")]
     assert body["status"]["autoscaling"]["toReplicas"] == 2
 
 

@@ -193,14 +193,18 @@ def combined_conditions(decision: RolesDecision) -> list[tuple[str, str, str, st
 
 
 def role_events(decision: RolesDecision) -> list[tuple[str, str, str]]:
-    """(type, reason, message) per role whose group count changed."""
+    """(type, reason, message) per role whose group count changed: ScaledUp / ScaledDown (as an aggregated
+    deployment's), the message naming the role, its reasons and any ratio note ("limited to 2 by ...")."""
+    from meshplan.autoscale.policy import SCALED_DOWN, SCALED_UP
+
     out = []
     for r in ROLES:
         rd = decision.role(r)
         if rd.changed:
             msg = rd.message[len(r) + 2:] if rd.message.startswith(f"{r}: ") else rd.message
-            out.append(("Normal", rd.reason, f"{r} groups scaled from {rd.previous_replicas} to "
-                                             f"{rd.desired_replicas} because {msg}"[:1024]))
+            out.append(("Normal", SCALED_UP if rd.desired_replicas > rd.previous_replicas else SCALED_DOWN,
+                        f"{r} groups scaled from {rd.previous_replicas} to {rd.desired_replicas} because "
+                        f"{msg}"[:1024]))
     return out
 
 
