@@ -41,6 +41,7 @@ UP_WINDOW_S = 10
 INTERVAL_S = 2.5          # controller.autoscaling.evaluation_interval_s(10 s)
 TWO_WINDOWS_S = 2 * UP_WINDOW_S + 2 * INTERVAL_S + 5     # as e2e/test_autoscale.py allows
 KV_TOKENS = 16384         # the decode exporter's KV pool per replica
+RATE_WINDOW_S = 30        # controller.autoscaling.rate_window_s(10 s)
 
 fleet_mod = None
 
@@ -190,7 +191,13 @@ def test_each_role_scales_on_its_own_signals_and_not_the_other(cluster, ns, flee
                                      itl_target_s=0.05, model=decode_model, kv_tokens_per_replica=KV_TOKENS).start(),
     }
     fleets.extend(fl.values())
+    started = time.monotonic()
     o = _steady(cluster, ns, name, fl, p0, d0)
+    # the request rate is a rate over RATE_WINDOW_S: a breach before the window holds the exporters' series would
+    # teach a role a capacity below the real one (the policy learns the load per group at the breach), and that
+    # role would then ask for more groups at the plain load
+    time.sleep(max(0.0, RATE_WINDOW_S + 5 - (time.monotonic() - started)))
+    o = kit.get(cluster, ns, "llmd", name)
     assert o["status"]["replicas"] == 1 and o["status"]["readyReplicas"] == 1       # decode groups (scale subresource)
     roles = _roles(o)
     assert "kvCacheUsage" in roles["decode"] and "kvCacheUsage" not in roles["prefill"], roles
