@@ -85,13 +85,12 @@ def test_capacities_come_from_the_plan_and_the_gpus_free_beside_the_running_grou
     topo = load_fleet(FLEET)
     nodes = sorted({n for d in topo.domains for n in d.nodes})
     free0 = topo.free_gpus
-    caps = ar.role_capacities(dplan.choice, spec, topo, [], {"prefill": 1, "decode": 1})
+    caps = ar.role_capacities(dplan.choice, spec, topo, [])
     assert caps["prefill"].additional_replicas_that_fit == free0 // 8 == caps["decode"].additional_replicas_that_fit
     assert caps["prefill"].requests_per_s_at_slo > 0 and caps["prefill"].concurrency_at_slo is None
     assert caps["decode"].requests_per_s_at_slo > 0 and caps["decode"].concurrency_at_slo > 0
     pods = [_pod("r1-prefill-r0-0", "prefill", 0, nodes[0]), _pod("r1-decode-r0-0", "decode", 0, nodes[1])]
-    caps = ar.role_capacities(dplan.choice, spec, topo, pods, {"prefill": 1, "decode": 1},
-                              {"prefill": 1, "decode": 1})
+    caps = ar.role_capacities(dplan.choice, spec, topo, pods, {"prefill": 1, "decode": 1})
     assert caps["decode"].additional_replicas_that_fit == (free0 - 16) // 8
     assert caps["decode"].ready_replicas == 1
 

@@ -115,7 +115,7 @@ def roles_config(spec: Any, choice: Any) -> RolesConfig:
     return RolesConfig(pre, dec, ratio, bounds)
 
 
-def role_capacities(choice: Any, spec: Any, topology: Any, pods: list, current: Mapping[str, int],
+def role_capacities(choice: Any, spec: Any, topology: Any, pods: list,
                     ready: Mapping[str, int] | None = None) -> dict[str, ReplicaCapacity]:
     """Each role's `ReplicaCapacity` (module doc, step 4). `topology`: the fleet without this deployment's
     pods, on the spec's node selector; `pods`: this deployment's live pods."""
@@ -295,7 +295,7 @@ async def evaluate(a: Any, body: Mapping[str, Any], spec: Any, dplan: Any) -> Ro
                 got = await asyncio.gather(*(src.fetch_async(queries[r], now) for r in ROLES))
                 snaps = dict(zip(ROLES, got))
             topology = a.reconciler.world.topology_without(namespace, name).select(dict(spec.gpus.node_selector or {}))
-            caps = role_capacities(c, spec, topology, pods, counts, ready)
+            caps = role_capacities(c, spec, topology, pods, ready)
             decision = decide_roles(state, snaps["prefill"], snaps["decode"], config, caps["prefill"],
                                     caps["decode"], now)
     a.role_states[uid] = decision.state
