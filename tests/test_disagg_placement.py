@@ -144,3 +144,24 @@ def test_counts_off_whole_units_place_the_rest_as_one_last_unit_in_one_block():
         place_disagg(_req(Layout(tp=8), 0), _req(Layout(tp=8), 2), topo, ratio=(0, 1), tier="ib")
     with pytest.raises(ValueError, match="KV path tier 'smoke'"):
         place_disagg(_req(Layout(tp=8), 1), _req(Layout(tp=8), 1), topo, ratio=(1, 1), tier="smoke")
+
+
+def test_a_new_group_never_lands_on_the_nodes_of_kept_groups_of_its_own_or_a_later_unit():
+    # per-role scaling makes units that mix kept and new groups: 4 prefill running (a0..a3) and 1 decode (a4) of
+    # P:D 2:1, the decode role grows to 2: unit 1 keeps prefill 2 and 3 and gets a new decode group, which must
+    # not be put on a2 or a3 (their GPUs are taken by the kept prefill groups: the pod would be Unschedulable)
+    topo = build_topology([ib_node(f"a{i}", "zone-a") for i in range(8)])
+    ex_p = {0: ["a0"], 1: ["a1"], 2: ["a2"], 3: ["a3"]}
+    res = place_disagg(_req(Layout(tp=8), 4), _req(Layout(tp=8), 2), topo, ratio=(2, 1), tier="ib",
+                       existing_prefill=ex_p, existing_decode={0: ["a4"]})
+    assert res.ok, res
+    assert [list(res.prefill.replica(i).nodes) for i in range(4)] == [["a0"], ["a1"], ["a2"], ["a3"]]
+    assert list(res.decode.replica(0).nodes) == ["a4"]
+    assert res.decode.replica(1).nodes[0] not in {"a0", "a1", "a2", "a3", "a4"}, res.decode.replica(1).nodes
+    # and a kept group of a later unit is not taken by a new group of an earlier one
+    res = place_disagg(_req(Layout(tp=8), 4), _req(Layout(tp=8), 2), topo, ratio=(2, 1), tier="ib",
+                       existing_prefill={2: ["a0"], 3: ["a1"]}, existing_decode={1: ["a2"]})
+    assert res.ok, res
+    used = [n for i in range(4) for n in res.prefill.replica(i).nodes] + \
+           [n for i in range(2) for n in res.decode.replica(i).nodes]
+    assert len(used) == len(set(used)) == 6, used

@@ -631,12 +631,22 @@ def place_disagg(
     unplaced: list[tuple[int, str]] = []
     notes: list[str] = []
 
+    def held(req: PlacementRequest, ex: Mapping[int, Sequence[str]]) -> list[tuple[str, int]]:
+        return [(n, req.gpus_per_pod) for nodes in ex.values() for n in nodes if n]
+
+    def later(u: int) -> list[tuple[str, int]]:
+        """GPUs of the kept groups of the units after u: not free for u's new groups (they run there)."""
+        return held(decode, {i: n for i, n in existing_decode.items() if i >= (u + 1) * rd}) + \
+            held(prefill, {i: n for i, n in existing_prefill.items() if i >= (u + 1) * rp})
+
     def attempt(u: int, scope: list[str], with_existing: bool):
-        sub = _scoped(topo, scope)
+        sub = _scoped(topo.with_usage(later(u)), scope)
         np_, nd_ = sizes[u]
         ex_d = {i - u * rd: existing_decode[i] for i in range(u * rd, u * rd + nd_) if i in existing_decode}
         ex_p = {i - u * rp: existing_prefill[i] for i in range(u * rp, u * rp + np_) if i in existing_prefill}
-        d = place(replace(decode, replicas=nd_), sub, ex_d if with_existing else None)
+        # decode first, beside the unit's kept prefill groups (per-role scaling mixes kept and new groups in a unit)
+        d = place(replace(decode, replicas=nd_), sub.with_usage(held(prefill, ex_p)) if with_existing else sub,
+                  ex_d if with_existing else None)
         if not d.ok:
             return None
         p = place(replace(prefill, replicas=np_), sub.with_usage(d.usage()), ex_p if with_existing else None)
