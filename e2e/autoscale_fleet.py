@@ -27,20 +27,30 @@ from meshplan.render.workloads import LABEL_DEPLOYMENT
 
 
 class FollowingFleet:
+    """`role` (a disaggregated deployment's "prefill" or "decode"): the exporter stands for that role's
+    engines only: its series carry `meshplan_dev_serving_role` (the label the chart's PodMonitor gives them
+    from the pod label meshplan.dev/serving-role) and it follows the READY groups of that role
+    (`controller.decide_disagg.role_groups`). `engine_kw` go to the SyntheticEngine (e.g. its KV pool)."""
+
     def __init__(self, cluster: Any, namespace: str, deployment: str, *, rps: float = 0.0,
                  ttft_target_s: float = 1.0, itl_target_s: float = 0.025, follow_s: float = 1.0,
-                 scrape: Any = None, model: Any = None) -> None:
+                 scrape: Any = None, model: Any = None, role: str | None = None, **engine_kw: Any) -> None:
         import importlib.util
         from pathlib import Path
 
         spec = importlib.util.spec_from_file_location("e2e_exporter", Path(__file__).with_name("exporter.py"))
         exporter = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(exporter)
-        self.cluster, self.namespace, self.deployment = cluster, namespace, deployment
+        self.cluster, self.namespace, self.deployment, self.role = cluster, namespace, deployment, role
+        labels = {"namespace": namespace, "meshplan_dev_deployment": deployment}
+        if role is not None:
+            from meshplan.controller.autoscaling_roles import ROLE_LABEL
+
+            labels[ROLE_LABEL] = role
         self.engine = exporter.SyntheticEngine(
-            labels={"namespace": namespace, "meshplan_dev_deployment": deployment},
+            labels=labels, deployment=f"{deployment}-{role}" if role else None,
             ttft_target_s=ttft_target_s, itl_target_s=itl_target_s, rps=rps, replicas=0, model=model,
-            seed=hash((namespace, deployment)) & 0xFFFF)
+            seed=hash((namespace, deployment, role)) & 0xFFFF, **engine_kw)
         self.server = exporter.make_server(self.engine)
         self.port = self.server.server_address[1]
         self.follow_s = follow_s
@@ -51,7 +61,7 @@ class FollowingFleet:
             threading.Thread(target=self._follow, daemon=True),
         ]
         self.scrape = scrape or cluster
-        self.target = f"{namespace}-{deployment}"
+        self.target = f"{namespace}-{deployment}" + (f"-{role}" if role else "")
         self.ready_replicas = 0
 
     def start(self) -> "FollowingFleet":
@@ -76,7 +86,12 @@ class FollowingFleet:
     def _follow(self) -> None:
         while not self.stop_event.wait(self.follow_s):
             try:
-                ready = sum(1 for g in live_groups(self.pods()).values() if g.ready())
+                if self.role is None:
+                    ready = sum(1 for g in live_groups(self.pods()).values() if g.ready())
+                else:
+                    from meshplan.controller.decide_disagg import role_groups
+
+                    ready = sum(1 for g in role_groups(self.pods())[self.role].values() if g.ready())
             except Exception:  # noqa: BLE001 - a failed read keeps the last count
                 continue
             if ready != self.ready_replicas:

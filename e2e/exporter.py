@@ -14,6 +14,7 @@ Per replica (label `pod="<deployment>-<i>"`, like one scrape target per pod):
   vllm:generation_tokens_total      counter  output tokens (the model's output_tokens per request)
   vllm:num_requests_running         gauge
   vllm:num_requests_waiting         gauge
+  vllm:kv_cache_usage_perc          gauge  only with kv_tokens_per_replica: running x (input + output/2) tokens / pool
 plus constant labels given with --label (e.g. namespace=..., meshplan_dev_deployment=...),
 the ones `meshplan.autoscale.promql.scope_matchers` selects on. Removing a
 replica removes its series, as a deleted pod's do.
@@ -88,8 +89,14 @@ class SyntheticEngine:
         replicas: int = 1,
         itl_samples_per_request: int = 8,
         seed: int = 0,
+        kv_tokens_per_replica: int | None = None,
+        input_tokens: int = 1024,
     ) -> None:
         self.model = model or ReplicaModel()
+        # KV cache (optional): each running request holds its prompt and, on average, half its output
+        # (input_tokens + output_tokens / 2) in a pool of kv_tokens_per_replica tokens per replica;
+        # vllm:kv_cache_usage_perc is that fraction, capped at 1 (vLLM's gauge: "1 means 100 percent usage")
+        self.kv_tokens, self.input_tokens = kv_tokens_per_replica, input_tokens
         self.labels = dict(labels or {})
         # pods are named after the deployment, as the operator names them
         self.deployment = deployment or self.labels.get(DEFAULT_DEPLOYMENT_LABEL, "demo")
@@ -113,6 +120,8 @@ class SyntheticEngine:
                               registry=self.registry)
         self._waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", names,
                               registry=self.registry)
+        self._kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", names,
+                         registry=self.registry) if kv_tokens_per_replica else None
         self._lock = threading.Lock()
         self.rps = 0.0
         self.replicas = 0
@@ -129,15 +138,26 @@ class SyntheticEngine:
         with self._lock:
             self.rps = float(rps)
 
+    def set_model(self, model: ReplicaModel) -> None:
+        """Another workload shape from now on (e.g. longer prompts: a larger prefill time; longer outputs)."""
+        with self._lock:
+            self.model = model
+
+    def _metrics(self) -> tuple:
+        return (self._ttft, self._itl, self._success, self._gen_tokens, self._running, self._waiting,
+                *((self._kv,) if self._kv is not None else ()))
+
     def set_replicas(self, n: int) -> None:
         if n < 0:
             raise ValueError(f"replicas must be >= 0, got {n!r}")
         with self._lock:
             for i in range(n, self.replicas):  # replicas going away take their series with them
-                for metric in (self._ttft, self._itl, self._success, self._gen_tokens, self._running, self._waiting):
+                for metric in self._metrics():
                     metric.remove(*self._label_values(i))
             for i in range(self.replicas, n):  # new replicas export zeros from the start
                 lv = self._label_values(i)
+                if self._kv is not None:
+                    self._kv.labels(*lv).set(0)
                 self._success.labels(*lv)
                 self._gen_tokens.labels(*lv)
                 self._running.labels(*lv).set(0)
@@ -184,7 +204,11 @@ class SyntheticEngine:
                 self._gen_tokens.labels(*lv).inc(done * self.model.output_tokens)
                 self._running.labels(*lv).set(round(lat.running))
                 self._waiting.labels(*lv).set(round(self.backlog / n))
-            self.last = {"ttft_p99_s": lat.ttft_p99_s, "itl_p99_s": lat.itl_p99_s, "per_replica_rps": step.per_replica_rps}
+                if self._kv is not None:
+                    held = lat.running * (self.input_tokens + self.model.output_tokens / 2)
+                    self._kv.labels(*lv).set(min(1.0, held / self.kv_tokens))
+            self.last = {"ttft_p99_s": lat.ttft_p99_s, "itl_p99_s": lat.itl_p99_s, "per_replica_rps": step.per_replica_rps,
+                         "running_per_replica": lat.running}
 
     def run(self, stop: threading.Event, tick_s: float = 1.0, control_file: Path | None = None) -> None:
         last = time.monotonic()

@@ -122,3 +122,30 @@ def test_http_control_and_metrics() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_kv_usage_follows_running_requests_and_output_length_and_only_when_asked() -> None:
+    from dataclasses import replace
+
+    from meshplan.autoscale.queueing import ReplicaModel
+
+    assert "vllm:kv_cache_usage_perc" not in families(SyntheticEngine(labels=SCOPE, rps=1.0, replicas=1))
+    model = ReplicaModel(output_tokens=256)
+    e = SyntheticEngine(labels=SCOPE, rps=1.0, replicas=1, model=model, kv_tokens_per_replica=16384, seed=3)
+    assert "vllm:kv_cache_usage_perc" in ENGINE_METRICS["vllm"].kv_usage_gauges
+    e.tick(1.0)
+
+    def kv() -> float:
+        return families(e)["vllm:kv_cache_usage_perc"][0].value
+
+    short = kv()
+    running = e.state()["running_per_replica"]
+    assert short == pytest.approx(running * (1024 + 128) / 16384)
+    e.set_model(replace(model, output_tokens=1024))         # longer outputs: more running, each holds more
+    e.tick(1.0)
+    one = kv()
+    assert one > 3 * short
+    e.set_replicas(2)                                       # a second replica halves the load per replica
+    e.tick(1.0)
+    both = [s.value for s in families(e)["vllm:kv_cache_usage_perc"]]
+    assert len(both) == 2 and all(0 < v < 0.7 * one for v in both), (one, both)

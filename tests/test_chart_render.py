@@ -366,6 +366,13 @@ def test_engine_podmonitor_labels_what_the_autoscaler_queries():
     pod_label_meta = "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", LABEL_DEPLOYMENT)
     assert targets[DEFAULT_DEPLOYMENT_LABEL] == pod_label_meta
     assert targets[DEFAULT_NAMESPACE_LABEL] == "__meta_kubernetes_namespace"
+    # a disaggregated deployment's per-role queries select on the role label
+    from meshplan.controller.autoscaling_roles import ROLE_LABEL
+    from meshplan.render.inference_pool import LABEL_SERVING_ROLE
+
+    for m in (pm, nim):
+        t = {r["targetLabel"]: r["sourceLabels"][0] for r in m["spec"]["podMetricsEndpoints"][0]["relabelings"]}
+        assert t[ROLE_LABEL] == "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", LABEL_SERVING_ROLE)
     for cluster_wide in by_kind(render({"engineMetrics": {"podMonitor": {"enabled": True}}}), "PodMonitor"):
         assert cluster_wide["spec"]["namespaceSelector"] == {"any": True}
 

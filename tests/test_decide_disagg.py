@@ -38,11 +38,13 @@ class World:
     def __init__(self, t: DisaggTarget):
         self.t, self.pods, self.status, self.pool, self.routers = t, {}, {}, None, {}
         self.topology = load_fleet(FLEET)
+        self.decode, self.prefill = 1, None          # decode groups (spec.replicas), prefill (role_targets)
 
     def run(self, ready: bool = True):
-        inp = DisaggInputs(Inputs(name="r1", namespace="ns", uid="u1", generation=1, desired_replicas=1,
+        inp = DisaggInputs(Inputs(name="r1", namespace="ns", uid="u1", generation=1, desired_replicas=self.decode,
                                   topology=self.topology, pods=list(self.pods.values()), services=[],
-                                  previous_status=self.status, now=NOW), self.t, list(self.routers.values()))
+                                  previous_status=self.status, now=NOW), self.t, list(self.routers.values()),
+                           prefill_replicas=self.prefill)
         out = decide_disagg(inp)
         for d, _ in out.apply:
             if d["kind"] == "Pod":
@@ -155,3 +157,89 @@ def test_role_groups_split_by_role_label():
     w.run()
     g = role_groups(list(w.pods.values()))
     assert sorted(g["prefill"]) == [0] and sorted(g["decode"]) == [0]
+
+
+# ------------------------------------------------------------------ per-role counts (role_targets)
+
+
+def _roles(w: World) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {"prefill": [], "decode": []}
+    for n, p in sorted(w.pods.items()):
+        out[p["metadata"]["labels"][LABEL_SERVING_ROLE]].append(n)
+    return out
+
+
+def test_each_role_scales_to_its_own_count_and_the_other_role_is_not_touched():
+    w = World(target(r1()))
+    w.run(), w.run()
+    assert cond(w.status, "Available")["status"] == "True"
+    decode_pods = {n: p["metadata"].get("uid") for n, p in w.pods.items() if "decode" in n}
+    w.prefill = 2                                     # the autoscaler's prefill decision: one more prefill group
+    out = w.run()
+    assert _roles(w) == {"prefill": ["r1-prefill-r0-0", "r1-prefill-r1-0"], "decode": ["r1-decode-r0-0"]}
+    assert not out.delete and cond(w.status, "Progressing")["reason"] == "CreatingReplicas"
+    w.run()
+    d = w.status["disaggregation"]
+    assert d["prefill"]["desiredReplicas"] == 2 and d["prefill"]["readyReplicas"] == 2
+    assert d["decode"]["desiredReplicas"] == 1 and d["decode"]["readyReplicas"] == 1
+    # the scale subresource's fields count decode groups
+    assert (w.status["replicas"], w.status["readyReplicas"], w.status["desiredReplicas"]) == (1, 1, 1)
+    assert cond(w.status, "Available")["status"] == "True"
+    assert cond(w.status, "Progressing")["reason"] == "Complete"
+    w.decode = 2                                      # then decode: prefill stays at 2
+    w.run(), w.run()
+    assert _roles(w) == {"prefill": ["r1-prefill-r0-0", "r1-prefill-r1-0"],
+                         "decode": ["r1-decode-r0-0", "r1-decode-r1-0"]}
+    assert (w.status["replicas"], w.status["readyReplicas"]) == (2, 2)
+    w.prefill, w.decode = 1, 2                        # prefill down: only its extra group goes
+    out = w.run()
+    assert sorted(n for _, kind, n, _ in out.delete if kind == "Pod") == ["r1-prefill-r1-0"]
+    w.run()
+    assert _roles(w) == {"prefill": ["r1-prefill-r0-0"], "decode": ["r1-decode-r0-0", "r1-decode-r1-0"]}
+    assert "r1-decode-r0-0" in decode_pods and cond(w.status, "Available")["status"] == "True"
+
+
+def test_a_role_target_that_does_not_fit_waits_as_a_condition_and_deletes_nothing():
+    w = World(target(r1()))
+    w.run(), w.run()
+    w.prefill = 40                                    # far beyond the fleet: nothing running is deleted
+    out = w.run()
+    assert not [n for _, kind, n, _ in out.delete if kind == "Pod"]
+    placed = cond(w.status, "Placed")
+    assert placed["status"] == "False" and placed["reason"] == "InsufficientCapacity", placed
+    assert cond(w.status, "Available")["status"] == "True"
+    assert "r1-prefill-r0-0" in w.pods and "r1-decode-r0-0" in w.pods
+
+
+def test_role_targets_count_decode_groups_and_prefill_follows_or_the_autoscaler_decides():
+    from types import SimpleNamespace
+
+    from meshplan.controller.decide_disagg import role_targets
+
+    plan = SimpleNamespace(choice=SimpleNamespace(prefill_workers=2, decode_workers=1))
+    m = r1()
+    m["spec"]["replicas"] = 3
+    m["spec"]["gpus"]["maxGpus"] = 256
+    spec = LLMDeployment.from_manifest(m).spec
+    t = role_targets(spec, {}, plan)
+    assert tuple(t) == (6, 3) and "ceil(3 x 2 / 1) = 6" in t.why
+    # an autoscaler's status is ignored while autoscaling is off
+    assert tuple(role_targets(spec, {"autoscaling": {"toReplicas": 1, "roles": {"prefill": {"toReplicas": 1}}}},
+                              plan)) == (6, 3)
+    m["spec"]["replicas"] = 0
+    assert tuple(role_targets(LLMDeployment.from_manifest(m).spec, {}, plan)) == (0, 0)
+    m["spec"]["replicas"] = 1
+    m["spec"]["slo"] = {"ttftMs": 2000, "itlMs": 50}
+    m["spec"]["autoscaling"] = {"enabled": True, "minReplicas": 1, "maxReplicas": 4}
+    spec = LLMDeployment.from_manifest(m).spec
+    assert tuple(role_targets(spec, {}, plan)) == (2, 1)                          # no decision yet: follows
+    st = {"autoscaling": {"toReplicas": 2, "roles": {"prefill": {"toReplicas": 3}, "decode": {"toReplicas": 2}}}}
+    t = role_targets(spec, st, plan)
+    assert tuple(t) == (3, 2) and "the autoscaler's last decision, 3" in t.why
+    st["autoscaling"]["roles"]["prefill"]["toReplicas"] = 9                       # bounds [2, 8] beside 2 decode
+    t = role_targets(spec, st, plan)
+    assert tuple(t) == (8, 2) and "clamped into the P:D bounds [2, 8]" in t.why
+    st["autoscaling"]["toReplicas"] = 9                                           # decode within maxReplicas 4
+    assert tuple(role_targets(spec, st, plan)) == (9, 4)
+    st["autoscaling"]["roles"]["prefill"]["toReplicas"] = True                    # not a count: follows
+    assert tuple(role_targets(spec, st, plan)) == (8, 4)

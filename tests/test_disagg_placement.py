@@ -121,11 +121,47 @@ def test_units_keep_their_nodes_and_only_a_broken_unit_moves():
                 (build_topology(nodes).domain_of(n).block for n in _unit_nodes(moved, moved.units[1]))}) == 1
 
 
-def test_requests_that_are_not_whole_units_are_refused():
+def test_counts_off_whole_units_place_the_rest_as_one_last_unit_in_one_block():
+    # per-role autoscaling: 3 prefill + 2 decode of P:D 2:1 = one whole unit (2 + 1) and a partial one (1 + 1)
     topo = build_topology(two_blocks())
-    with pytest.raises(ValueError, match="not whole units of P:D 2:1"):
-        place_disagg(_req(Layout(tp=8), 3), _req(Layout(tp=8), 2), topo, ratio=(2, 1), tier="ib")
+    res = place_disagg(_req(Layout(tp=8), 3), _req(Layout(tp=8), 2), topo, ratio=(2, 1), tier="ib")
+    assert res.ok, res
+    assert [(u.prefill, u.decode) for u in res.units] == [((0, 1), (0,)), ((2,), (1,))]
+    for u in res.units:
+        assert len({build_topology(two_blocks()).domain_of(n).block for n in _unit_nodes(res, u)}) == 1
+    # only one role beyond the whole units: the partial unit holds just that role's groups
+    res = place_disagg(_req(Layout(tp=8), 1), _req(Layout(tp=8), 3), topo, ratio=(1, 1), tier="ib")
+    assert res.ok and [(u.prefill, u.decode) for u in res.units] == [((0,), (0,)), ((), (1, 2))]
+    res = place_disagg(_req(Layout(tp=8), 2), _req(Layout(tp=8), 2), topo, ratio=(1, 2), tier="ib")
+    assert [(u.prefill, u.decode) for u in res.units] == [((0,), (0, 1)), ((1,), ())]
+    # 3 whole units (16 GPUs each) fill both blocks (32 + 16 GPUs): the partial unit (one prefill group) has no place
+    res = place_disagg(_req(Layout(tp=8), 4), _req(Layout(tp=8), 3), topo, ratio=(1, 1), tier="ib")
+    assert not res.ok and [u for u, _ in res.unplaced_units] == [3]
+    assert [r.index for r in res.prefill.unplaced] == [3] and res.decode.unplaced == ()
+    with pytest.raises(ValueError, match="must be >= 0"):
+        place_disagg(_req(Layout(tp=8), -1), _req(Layout(tp=8), 2), topo, ratio=(2, 1), tier="ib")
     with pytest.raises(ValueError, match="both sides must be >= 1"):
         place_disagg(_req(Layout(tp=8), 0), _req(Layout(tp=8), 2), topo, ratio=(0, 1), tier="ib")
     with pytest.raises(ValueError, match="KV path tier 'smoke'"):
         place_disagg(_req(Layout(tp=8), 1), _req(Layout(tp=8), 1), topo, ratio=(1, 1), tier="smoke")
+
+
+def test_a_new_group_never_lands_on_the_nodes_of_kept_groups_of_its_own_or_a_later_unit():
+    # per-role scaling makes units that mix kept and new groups: 4 prefill running (a0..a3) and 1 decode (a4) of
+    # P:D 2:1, the decode role grows to 2: unit 1 keeps prefill 2 and 3 and gets a new decode group, which must
+    # not be put on a2 or a3 (their GPUs are taken by the kept prefill groups: the pod would be Unschedulable)
+    topo = build_topology([ib_node(f"a{i}", "zone-a") for i in range(8)])
+    ex_p = {0: ["a0"], 1: ["a1"], 2: ["a2"], 3: ["a3"]}
+    res = place_disagg(_req(Layout(tp=8), 4), _req(Layout(tp=8), 2), topo, ratio=(2, 1), tier="ib",
+                       existing_prefill=ex_p, existing_decode={0: ["a4"]})
+    assert res.ok, res
+    assert [list(res.prefill.replica(i).nodes) for i in range(4)] == [["a0"], ["a1"], ["a2"], ["a3"]]
+    assert list(res.decode.replica(0).nodes) == ["a4"]
+    assert res.decode.replica(1).nodes[0] not in {"a0", "a1", "a2", "a3", "a4"}, res.decode.replica(1).nodes
+    # and a kept group of a later unit is not taken by a new group of an earlier one
+    res = place_disagg(_req(Layout(tp=8), 4), _req(Layout(tp=8), 2), topo, ratio=(2, 1), tier="ib",
+                       existing_prefill={2: ["a0"], 3: ["a1"]}, existing_decode={1: ["a2"]})
+    assert res.ok, res
+    used = [n for i in range(4) for n in res.prefill.replica(i).nodes] + \
+           [n for i in range(2) for n in res.decode.replica(i).nodes]
+    assert len(used) == len(set(used)) == 6, used

@@ -244,9 +244,25 @@ def test_an_abandoned_revision_is_deleted_at_once():
     assert "RevisionAbandoned" in step.reasons and step.serve == OLD
 
 
-def test_units_must_be_whole():
-    with pytest.raises(ValueError, match="whole units"):
-        rollout_step([], Desired(prefill=3, decode=2, ratio=(2, 1)), NEW, Room(0))
+def test_at_least_one_whole_unit_is_desired():
+    with pytest.raises(ValueError, match="less than one whole unit of P:D 2:1"):
+        rollout_step([], Desired(prefill=1, decode=2, ratio=(2, 1)), NEW, Room(0))
+    with pytest.raises(ValueError, match="less than one whole unit of P:D 1:2"):
+        rollout_step([], Desired(prefill=3, decode=1, ratio=(1, 2)), NEW, Room(0))
+
+
+def test_per_role_counts_off_whole_units_are_created_and_counted_in_whole_units():
+    # per-role autoscaling: 3 prefill + 2 decode of P:D 1:1 (2 whole units, one extra prefill group)
+    desired = Desired(prefill=3, decode=2, ratio=(1, 1), gpus={"prefill": 8, "decode": 8})
+    assert desired.units == 2
+    live = [RoleGroup("prefill", 0, NEW, True, 8), RoleGroup("decode", 0, NEW, True, 8),
+            RoleGroup("prefill", 1, NEW, True, 8), RoleGroup("decode", 1, NEW, True, 8)]
+    step = rollout_step(live, desired, NEW, Room(64), served=NEW)
+    assert step.create == (("prefill", 2),) and step.delete == () and step.served_units == 2
+    # and back down: the extra prefill group goes, the units stay
+    live3 = live + [RoleGroup("prefill", 2, NEW, True, 8)]
+    down = rollout_step(live3, Desired(2, 2, (1, 1), {"prefill": 8, "decode": 8}), NEW, Room(0), served=NEW)
+    assert [(g.role, g.index) for g in down.delete] == [("prefill", 2)] and down.create == ()
 
 
 # ------------------------------------------------------------------ each rule, broken, fails its invariant

@@ -594,7 +594,9 @@ def place_disagg(
     """Place a disaggregated deployment's prefill and decode groups as units (pure; issue 19, Build 3).
 
     `ratio` (rp, rd): prefill groups per `rd` decode groups in one unit (the plan's P:D ratio); the roles'
-    `replicas` must be the same number k of units times rp and rd. `tier` is the KV path the plan priced
+    `replicas` are k whole units (k x rp and k x rd, k >= 0) plus, when per-role autoscaling leaves them off
+    whole units, one last partial unit k holding the rest of each role (fewer than rp prefill and/or fewer than
+    rd decode groups, at least one group), placed by the same rules (one scope, all-or-nothing). `tier` is the KV path the plan priced
     (`planner.types.KvPath.tier`: "nvlink", an RDMA fabric "ib" | "roce" | "efa" (read as "rdma"), or "tcp"):
     a unit's groups all sit in one NVLink domain (nvlink), in one network block (rdma), or anywhere (tcp), so the
     KV cache never takes a slower path than the plan assumed. Each group follows `place`'s own rules (its stages,
@@ -607,13 +609,18 @@ def place_disagg(
     rp, rd = ratio
     if rp < 1 or rd < 1:
         raise ValueError(f"P:D ratio {rp}:{rd}: both sides must be >= 1")
-    if prefill.replicas % rp or decode.replicas % rd or prefill.replicas // rp != decode.replicas // rd:
-        raise ValueError(f"{prefill.replicas} prefill and {decode.replicas} decode group(s) are not whole units of "
-                         f"P:D {rp}:{rd}")
+    if prefill.replicas < 0 or decode.replicas < 0:
+        raise ValueError(f"{prefill.replicas} prefill and {decode.replicas} decode group(s): counts must be >= 0")
     if tier not in KV_TIERS:
         raise ValueError(f"KV path tier {tier!r}: use one of {', '.join(KV_TIERS)}")
     kind = "nvlink" if tier == "nvlink" else "tcp" if tier == "tcp" else "rdma"
-    units_n = decode.replicas // rd
+    whole = min(prefill.replicas // rp, decode.replicas // rd)
+    # (prefill groups, decode groups) per unit: the whole units, then the rest as one partial unit
+    sizes = [(rp, rd)] * whole
+    rest = (prefill.replicas - whole * rp, decode.replicas - whole * rd)
+    if rest[0] or rest[1]:
+        sizes.append(rest)
+    units_n = len(sizes)
     products = {prefill.product, decode.product}
     existing_prefill, existing_decode = existing_prefill or {}, existing_decode or {}
     topo = topology.select(dict(decode.node_selector))
@@ -624,21 +631,33 @@ def place_disagg(
     unplaced: list[tuple[int, str]] = []
     notes: list[str] = []
 
+    def held(req: PlacementRequest, ex: Mapping[int, Sequence[str]]) -> list[tuple[str, int]]:
+        return [(n, req.gpus_per_pod) for nodes in ex.values() for n in nodes if n]
+
+    def later(u: int) -> list[tuple[str, int]]:
+        """GPUs of the kept groups of the units after u: not free for u's new groups (they run there)."""
+        return held(decode, {i: n for i, n in existing_decode.items() if i >= (u + 1) * rd}) + \
+            held(prefill, {i: n for i, n in existing_prefill.items() if i >= (u + 1) * rp})
+
     def attempt(u: int, scope: list[str], with_existing: bool):
-        sub = _scoped(topo, scope)
-        ex_d = {i - u * rd: existing_decode[i] for i in range(u * rd, (u + 1) * rd) if i in existing_decode}
-        ex_p = {i - u * rp: existing_prefill[i] for i in range(u * rp, (u + 1) * rp) if i in existing_prefill}
-        d = place(replace(decode, replicas=rd), sub, ex_d if with_existing else None)
+        sub = _scoped(topo.with_usage(later(u)), scope)
+        np_, nd_ = sizes[u]
+        ex_d = {i - u * rd: existing_decode[i] for i in range(u * rd, u * rd + nd_) if i in existing_decode}
+        ex_p = {i - u * rp: existing_prefill[i] for i in range(u * rp, u * rp + np_) if i in existing_prefill}
+        # decode first, beside the unit's kept prefill groups (per-role scaling mixes kept and new groups in a unit)
+        d = place(replace(decode, replicas=nd_), sub.with_usage(held(prefill, ex_p)) if with_existing else sub,
+                  ex_d if with_existing else None)
         if not d.ok:
             return None
-        p = place(replace(prefill, replicas=rp), sub.with_usage(d.usage()), ex_p if with_existing else None)
+        p = place(replace(prefill, replicas=np_), sub.with_usage(d.usage()), ex_p if with_existing else None)
         if not p.ok:
             return None
         return d, p
 
     for u in range(units_n):
-        mine = [n for i in range(u * rd, (u + 1) * rd) for n in existing_decode.get(i, ())] + \
-               [n for i in range(u * rp, (u + 1) * rp) for n in existing_prefill.get(i, ())]
+        np_u, nd_u = sizes[u]
+        mine = [n for i in range(u * rd, u * rd + nd_u) for n in existing_decode.get(i, ())] + \
+               [n for i in range(u * rp, u * rp + np_u) for n in existing_prefill.get(i, ())]
         home = [s for s in scopes if mine and set(mine) <= {n for d in s[1] for n in topo.domain(d).nodes}]
         got = None
         for name, scope in home:
@@ -661,12 +680,12 @@ def place_disagg(
             if best is not None:
                 _, chosen, got = best
         if got is None:
-            need_d = decode.gpus_per_replica * rd
-            need_p = prefill.gpus_per_replica * rp
+            need_d = decode.gpus_per_replica * nd_u
+            need_p = prefill.gpus_per_replica * np_u
             where = {"nvlink": "one NVLink domain", "rdma": "one network block", "tcp": "the fleet"}[kind]
             free = ", ".join(f"{n or 'fleet'}={_scoped(topo, s).free_gpus}" for n, s in
                              sorted(scopes, key=lambda x: (-_scoped(topo, x[1]).free_gpus, x[0]))[:6])
-            unplaced.append((u, f"unit {u} needs {rd} decode group(s) x {decode.gpus_per_replica} GPUs and {rp} "
+            unplaced.append((u, f"unit {u} needs {nd_u} decode group(s) x {decode.gpus_per_replica} GPUs and {np_u} "
                                 f"prefill group(s) x {prefill.gpus_per_replica} GPUs = {need_d + need_p} GPUs in {where} "
                                 f"(the KV path the plan priced: {tier}); free GPUs: {free or 'none eligible'}"))
             continue
@@ -675,13 +694,14 @@ def place_disagg(
         placed_d += _shift(d, u * rd)
         placed_p += _shift(p, u * rp)
         kept = all(r.kept for r in d.placed + p.placed)
-        units.append(DisaggUnit(u, kind, chosen, tuple(range(u * rp, (u + 1) * rp)),
-                                tuple(range(u * rd, (u + 1) * rd)), kept))
+        units.append(DisaggUnit(u, kind, chosen, tuple(range(u * rp, u * rp + np_u)),
+                                tuple(range(u * rd, u * rd + nd_u)), kept))
 
-    def role(req: PlacementRequest, placed: list[ReplicaPlacement], per: int) -> PlacementResult:
+    def role(req: PlacementRequest, placed: list[ReplicaPlacement], per: int, k: int) -> PlacementResult:
         missing = [UnplacedReplica(i, f"replica {i}: its unit {u} is not placed: {why}", req.gpus_per_replica,
-                                   req.gpus_per_stage) for u, why in unplaced for i in range(u * per, (u + 1) * per)]
+                                   req.gpus_per_stage) for u, why in unplaced
+                   for i in range(u * per, u * per + sizes[u][k])]
         return PlacementResult(req, tuple(sorted(placed, key=lambda r: r.index)), tuple(missing))
 
-    return DisaggPlacement(role(prefill, placed_p, rp), role(decode, placed_d, rd), tuple(units), tuple(unplaced),
-                           tuple(notes))
+    return DisaggPlacement(role(prefill, placed_p, rp, 0), role(decode, placed_d, rd, 1), tuple(units),
+                           tuple(unplaced), tuple(notes))

@@ -1554,7 +1554,9 @@ class LLMDeploymentSpec(ApiModel):
     replicas: int = Field(
         default=1, ge=0, le=10000,
         description="Data-parallel replicas (each a full TP x EP x PP group). Target of the scale subresource; "
-        "ignored beyond the starting point while autoscaling.enabled is true.",
+        "ignored beyond the starting point while autoscaling.enabled is true. A disaggregated deployment counts "
+        "decode groups here; its prefill groups follow at the plan's P:D ratio (rounded up), or meshplan's "
+        "autoscaler decides them.",
     )
     autoscaling: AutoscalingSpec = _section(AutoscalingSpec, description="SLO-driven replica autoscaling.")
     replan: Literal["manual", "onDrift"] = Field(
@@ -1697,8 +1699,9 @@ class ReplicaPlacement(ApiModel):
                                 "revision).", 63, default=None)
 
 
-class AutoscalingStatus(ApiModel):
-    """The last autoscaling decision and what it was based on."""
+class AutoscalingRoleStatus(ApiModel):
+    """The last autoscaling decision and what it was based on (one role of a disaggregated deployment, or the
+    whole aggregated deployment)."""
 
     last_decision_time: datetime | None = Field(default=None, strict=False, description="When the autoscaler last evaluated.")
     last_scale_time: datetime | None = Field(default=None, strict=False, description="When the replica count last changed.")
@@ -1728,6 +1731,27 @@ class AutoscalingStatus(ApiModel):
     learned_burst_rise_previous: float | None = Field(default=None, ge=0, description="The same for the half-day before burstMemorySince (a rise is remembered for half a day to a day).")
     burst_memory_since: datetime | None = Field(default=None, strict=False, description="When the current half-day of burst memory began.")
     watching_since: datetime | None = Field(default=None, strict=False, description="When the autoscaler first had valid metrics for this deployment; its initial burst assumption (+150 %) halves every 4 h from then.")
+
+
+class AutoscalingRolesStatus(ApiModel):
+    """Per-role autoscaling of a disaggregated deployment (meshplan.controller.autoscaling_roles): each role's
+    own decision on its own signals, the same fields as an aggregated deployment's status.autoscaling."""
+
+    prefill: AutoscalingRoleStatus | None = Field(default=None, description="The prefill groups' decision (TTFT, "
+                                                  "request rate and queue of the prefill pods).")
+    decode: AutoscalingRoleStatus | None = Field(default=None, description="The decode groups' decision (ITL, "
+                                                 "KV-cache usage, request rate, queue and running requests of the "
+                                                 "decode pods).")
+    ratio: str | None = _str("prefill:decode groups after the decision (P:D), e.g. 3:2.", 32, default=None)
+
+
+class AutoscalingStatus(AutoscalingRoleStatus):
+    """The last autoscaling decision and what it was based on. For a disaggregated deployment fromReplicas /
+    toReplicas count decode groups (spec.replicas' unit) and `roles` holds both roles' decisions."""
+
+    roles: AutoscalingRolesStatus | None = Field(default=None, description="Disaggregated deployments: the "
+                                                 "prefill and decode decisions (toReplicas of decode is this "
+                                                 "document's toReplicas).")
 
 
 class ObservedStatus(ApiModel):
@@ -1761,6 +1785,12 @@ class DisaggRoleStatus(ApiModel):
 
     layout: str | None = _str("Layout of one group of the role, e.g. TP8 or TP4·EP16.", 256, default=None)
     replicas: int | None = Field(default=None, ge=0, description="Groups of the role the plan deploys.")
+    desired_replicas: int | None = Field(default=None, ge=0, description="Groups of the role meshplan drives "
+                                         "toward now: decode = spec.replicas or the autoscaler's decode decision; "
+                                         "prefill = the autoscaler's prefill decision, else the plan's P:D ratio "
+                                         "applied to the decode groups (rounded up).")
+    ready_replicas: int | None = Field(default=None, ge=0, description="Groups of the role of the served revision "
+                                       "whose pods are all ready.")
     ttft_ms: float | None = Field(default=None, ge=0, description="Predicted time to first token of the prefill "
                                   "role (queue and prefill), milliseconds.")
     itl_ms: float | None = Field(default=None, ge=0, description="Predicted inter-token latency of the decode role, "
@@ -1812,8 +1842,10 @@ class LLMDeploymentStatus(ApiModel):
     plan: PlanStatus | None = Field(default=None, description="The chosen plan and its predictions.")
     alternatives: list[PlanSummary] = Field(default_factory=list, max_length=8, description="Next-best plans, best first.")
     placement: list[ReplicaPlacement] = Field(default_factory=list, max_length=10000, description="Placement per replica.")
-    replicas: int | None = Field(default=None, ge=0, description="Replicas that exist (scale subresource status).")
-    ready_replicas: int | None = Field(default=None, ge=0, description="Replicas whose pods are all ready.")
+    replicas: int | None = Field(default=None, ge=0, description="Replicas that exist (scale subresource status); "
+                                "decode groups of the current revision for a disaggregated deployment.")
+    ready_replicas: int | None = Field(default=None, ge=0, description="Replicas whose pods are all ready; ready "
+                                      "decode groups of the served revision for a disaggregated deployment.")
     desired_replicas: int | None = Field(default=None, ge=0, description="Replicas meshplan is driving toward.")
     selector: str | None = _str("Label selector of the replicas' pods (for the scale subresource).", 1024, default=None)
     autoscaling: AutoscalingStatus | None = Field(default=None, description="Last autoscaling decision.")

@@ -3,8 +3,9 @@
 `decide_roles(state, prefill, decode, config, prefill_capacity, decode_capacity, now) -> RolesDecision`
 decides the prefill and the decode group counts, each with `policy.decide` itself (its windows, cooldown,
 steps, learned capacity, burst headroom, bounds and whole-group fit; nothing is re-implemented here), on the
-signals of that role only, and then keeps the P:D ratio inside the plan's bounds. The operator does not
-wire it yet (the disaggregated deployment is not deployed); this is the decision function.
+signals of that role only, and then keeps the P:D ratio inside the plan's bounds. The operator calls it from
+`controller.autoscaling_roles` (the autoscaler loop, for a disaggregated deployment with
+spec.autoscaling.enabled); this module is the pure decision.
 
 Signals per role (each role's pods are queried on their own, so each has its own `MetricsSnapshot`):
 
@@ -197,6 +198,15 @@ def prefill_for_decode(decode_groups: int, plan_ratio: tuple[int, int]) -> int:
     if not (_int(decode_groups) and decode_groups >= 0 and _int(rp) and _int(rd) and rp >= 1 and rd >= 1):
         raise ValueError(f"decode groups {decode_groups!r} and P:D {rp}:{rd} must be whole (>= 0, >= 1)")
     return -(-decode_groups * rp // rd)
+
+
+def prefill_replica_bounds(decode_replicas: tuple[int, int], bounds: RatioBounds) -> tuple[int, int]:
+    """The prefill role's (min, max) groups beside a decode role of (min, max) groups: the ratio bounds at the
+    decode role's own bounds (min: none while decode may be zero; max: the most prefill groups the largest decode
+    count allows). spec.autoscaling's minReplicas / maxReplicas count decode groups; the prefill role has no
+    bounds of its own in the spec."""
+    dmin, dmax = decode_replicas
+    return bounds.prefill_range(dmin)[0], max(bounds.prefill_range(max(dmin, dmax))[1], 1 if dmax >= 1 else 0)
 
 
 def role_capacity_from_plan(role_candidate: Any, role: str, *, isl: int, osl: int, **kw: Any) -> ReplicaCapacity:

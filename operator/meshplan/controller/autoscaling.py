@@ -72,6 +72,10 @@ naming the field and the allowed names, and nothing is fetched. The fetch
 itself follows no redirect, is bounded in time and size, and puts nothing of
 the response into status (`autoscale.source`).
 
+A disaggregated deployment (the reconciler's plan splits prefill and decode) is evaluated per role by
+`controller.autoscaling_roles` (its own queries per role, `autoscale.roles.decide_roles`,
+status.autoscaling.roles); `toReplicas` then counts decode groups, as `spec.replicas` does.
+
 With autoscaling disabled nothing here runs: `spec.replicas` (the scale
 subresource, `kubectl scale`, HPA, KEDA) rules.
 """
@@ -518,6 +522,7 @@ class Autoscaler:
     endpoints: dict[str, str] | None = None
     clock: Callable[[], float] = time.time
     states: dict[str, AutoscaleState] = field(default_factory=dict)          # uid -> policy state
+    role_states: dict[str, Any] = field(default_factory=dict)               # uid -> autoscale.roles.RolesState
     conditions: dict[tuple[str, str], dict] = field(default_factory=dict)    # key -> type -> tuple
     last_eval: dict[tuple[str, str], float] = field(default_factory=dict)    # key -> monotonic time
     intervals: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -544,6 +549,7 @@ class Autoscaler:
             d.pop(key, None)
         uid = self.uids.pop(key, "")
         self.states.pop(uid, None)
+        self.role_states.pop(uid, None)
         self.corrections.pop(uid, None)
         self.reconciler.autoscaler_conditions.pop(key, None)
 
@@ -565,14 +571,16 @@ class Autoscaler:
         if key in self.last_eval and self.due(key, time.monotonic()):
             await self.evaluate(namespace, name)
 
-    async def evaluate(self, namespace: str, name: str) -> Decision | None:
+    async def evaluate(self, namespace: str, name: str) -> Any:
         key = (namespace, name)
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
             self.last_eval[key] = time.monotonic()
             return await self._evaluate(namespace, name)
 
-    async def _evaluate(self, namespace: str, name: str) -> Decision | None:
+    async def _evaluate(self, namespace: str, name: str) -> Any:
+        """One evaluation: a `policy.Decision`, an `autoscale.roles.RolesDecision` for a disaggregated
+        deployment (controller.autoscaling_roles), or None when there is nothing to decide."""
         from pydantic import ValidationError
 
         from meshplan.api.models import LLMDeployment
@@ -603,6 +611,19 @@ class Autoscaler:
         uid = meta.get("uid", "")
         self.uids[key] = uid
         prev_auto = status.get("autoscaling") or {}
+        from meshplan.controller.decide_disagg import is_disaggregated_spec
+
+        if is_disaggregated_spec(spec):
+            # per role (controller.autoscaling_roles) when the reconciler deploys it disaggregated; auto that
+            # kept aggregated serving goes on below; before the reconciler's first plan there is nothing to size
+            from meshplan.controller import autoscaling_roles
+
+            dplan = autoscaling_roles.disaggregated_plan(self.reconciler, uid)
+            if dplan is not None:
+                return await autoscaling_roles.evaluate(self, body, spec, dplan)
+            cached = getattr(self.reconciler, "disagg_plans", {}).get(uid)
+            if cached is None or cached[1].disaggregated:
+                return None
         current = desired_replicas(spec, status)
         state = self.states.get(uid)
         if state is None or state.desired_replicas != current:

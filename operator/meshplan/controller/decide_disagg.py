@@ -22,6 +22,12 @@ both roles' plan hashes). Rules, as `decide.py`'s where they are the same:
 3. Rollout: `disagg_rollout.rollout_step` over the live groups (role, index, revision, ready, GPUs) decides the
    groups to create, to delete and the revision the pool serves; a revision is served only once at least one
    whole unit (rp prefill + rd decode groups) of it is ready, and the previous one is drained only then.
+   The groups per role are `role_targets`' (the reconciler passes them): decode = spec.replicas (the scale
+   subresource; HPA/KEDA) or the autoscaler's decode decision, prefill = the autoscaler's prefill decision or
+   the plan's ratio applied to decode. When a role has fewer groups than one plan unit needs (1 prefill beside 1
+   decode of a 2:1 plan, inside the autoscaler's ratio bounds) the unit shrinks to what the roles have; groups
+   beyond the whole units (3 prefill + 2 decode of 1:1) serve beside them (`placement.place_disagg` places them
+   as one last partial unit).
 4. Placement: the new revision's groups are placed as units with `placement.place_disagg` (the KV path's scope:
    one NVLink domain, one network block or anywhere), existing groups keeping their nodes, on the topology
    charged with the groups of other revisions. A group to create that has no place waits (Placed=False).
@@ -100,6 +106,54 @@ class DisaggInputs:
     base: Inputs                    # name, namespace, uid, pods, services, topology, previous status, ...
     target: DisaggTarget
     routers: Sequence[Mapping[str, Any]] = ()    # live pool, EPP Deployment/Service, RBAC (owned)
+    # prefill groups to run (`role_targets`); None: the plan's ratio applied to base.desired_replicas (decode)
+    prefill_replicas: int | None = None
+
+
+@dataclass(frozen=True)
+class RoleTargets:
+    """The groups per role a disaggregated deployment drives toward, and where they come from (one sentence).
+    Unpacks as (prefill, decode)."""
+
+    prefill: int
+    decode: int
+    why: str = ""
+
+    def __iter__(self):
+        return iter((self.prefill, self.decode))
+
+
+def role_targets(spec: Any, status: Mapping[str, Any] | None, plan: Any) -> RoleTargets:
+    """(prefill, decode) groups for a disaggregated plan (`planner.types.DisaggPlan` or its `DisaggCandidate`).
+
+    - decode = what `render.pipeline.replicas_and_why` says (spec.replicas, the scale subresource's field, or with
+      spec.autoscaling.enabled the autoscaler's status.autoscaling.toReplicas clamped to [minReplicas,
+      maxReplicas]): spec.replicas counts decode groups.
+    - prefill = with spec.autoscaling.enabled, the autoscaler's prefill decision
+      (status.autoscaling.roles.prefill.toReplicas) clamped into the plan's P:D bounds around that decode count
+      (`autoscale.roles.RatioBounds.around`, [r/2, 2r]: a decode count changed by hand since the decision still
+      gets a prefill side it can use); otherwise, or before the first decision, `prefill_for_decode(decode)`,
+      ceil(decode x rp / rd).
+    - no decode group: no prefill group either (scaled to zero)."""
+    from meshplan.autoscale.roles import RatioBounds, prefill_for_decode
+    from meshplan.render.pipeline import replicas_and_why
+
+    c = getattr(plan, "choice", plan)
+    ratio = (max(1, c.prefill_workers), max(1, c.decode_workers))
+    d, why = replicas_and_why(spec, status)
+    d = max(0, int(d))
+    if d == 0:
+        return RoleTargets(0, 0, f"{why}: no decode group, so no prefill group")
+    follow = prefill_for_decode(d, ratio)
+    auto = ((status or {}).get("autoscaling") or {}) if spec.autoscaling.enabled else {}
+    decided = ((auto.get("roles") or {}).get("prefill") or {}).get("toReplicas")
+    if isinstance(decided, bool) or not isinstance(decided, int) or decided < 0:
+        return RoleTargets(follow, d, f"decode groups: {why}; prefill groups follow at the plan's P:D "
+                                      f"{ratio[0]}:{ratio[1]} (ceil({d} x {ratio[0]} / {ratio[1]}) = {follow})")
+    lo, hi = RatioBounds.around(*ratio).prefill_range(d)
+    p = max(lo, min(hi, decided))
+    clamp = "" if p == decided else f", clamped into the P:D bounds [{lo}, {hi}] beside {d} decode group(s)"
+    return RoleTargets(p, d, f"decode groups: {why}; prefill groups: the autoscaler's last decision, {decided}{clamp}")
 
 
 def role_of(obj: Mapping[str, Any]) -> str:
@@ -195,9 +249,18 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
                                    node_selector=selector) for r in ROLES}
     n_pods = {r: reqs0[r].pods_per_replica for r in ROLES}
     gpus = {r: cands[r].layout.gpus_per_replica for r in ROLES}
-    ratio, plan_units = unit_ratio(c.prefill_workers, c.decode_workers)
-    R = max(0, b.desired_replicas)
-    want_units = plan_units * R
+    plan_ratio, _ = unit_ratio(c.prefill_workers, c.decode_workers)
+    # per role: decode = base.desired_replicas (spec.replicas counts decode groups), prefill = role_targets'
+    from meshplan.autoscale.roles import prefill_for_decode
+
+    R = want_d = max(0, b.desired_replicas)
+    want_p = prefill_for_decode(R, plan_ratio) if inp.prefill_replicas is None else max(0, inp.prefill_replicas)
+    # no prefill group without a decode group (scaled to zero), and at least one beside any decode group
+    want_p = 0 if R == 0 else max(1, want_p)
+    # the unit the rollout and the placement count in: the plan's ratio, or less while a role has fewer groups
+    # than one plan unit (e.g. 1 prefill beside 1 decode of a 2:1 plan, inside the autoscaler's ratio bounds)
+    ratio = (max(1, min(plan_ratio[0], want_p)), max(1, min(plan_ratio[1], want_d)))
+    want_units = min(want_p // ratio[0], want_d // ratio[1])
     out = Outcome()
     groups = role_groups(b.pods)
     prev_d = dict(b.previous_status.get("disaggregation") or {})
@@ -222,8 +285,7 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
     held = sum(g.gpus for g in role_live)
     free = max(0, topo_all.free_gpus - held)
     if want_units >= 1:
-        step = rollout_step(role_live, Desired(want_units * ratio[0], want_units * ratio[1], ratio, gpus), revision,
-                            Room(free), served=served)
+        step = rollout_step(role_live, Desired(want_p, want_d, ratio, gpus), revision, Room(free), served=served)
     else:      # scaled to zero: everything goes
         from meshplan.controller.disagg_rollout import Step
 
@@ -244,8 +306,8 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
                 for r in ROLES}
     placement = None
     if want_units >= 1:
-        placement = place_disagg(dataclasses.replace(reqs0["prefill"], replicas=want_units * ratio[0]),
-                                 dataclasses.replace(reqs0["decode"], replicas=want_units * ratio[1]), topo,
+        placement = place_disagg(dataclasses.replace(reqs0["prefill"], replicas=want_p),
+                                 dataclasses.replace(reqs0["decode"], replicas=want_d), topo,
                                  ratio=ratio, tier=_tier(c.kv_path.tier), existing_prefill=existing["prefill"],
                                  existing_decode=existing["decode"])
     live_pods = {p.name: p for r in ROLES for g in groups[r].values() for p in g.pods.values()}
@@ -361,10 +423,11 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
                 f"revision {revision} replaces {len(stale)} group(s) of another revision "
                 f"({ready_new['prefill']} prefill + {ready_new['decode']} decode group(s) of it ready); the pool "
                 f"serves {step.serve or 'nothing'}")
-    elif served_units < want_units or creates or restarted:
+    elif served_units < want_units or creates or restarted or any(len(new_idx[r]) != w for r, w in
+                                                                  (("prefill", want_p), ("decode", want_d))):
         prog = ("Progressing", True, "CreatingReplicas",
-                f"{ready_new['prefill']} of {want_units * ratio[0]} prefill and {ready_new['decode']} of "
-                f"{want_units * ratio[1]} decode group(s) ready")
+                f"{ready_new['prefill']} of {want_p} prefill and {ready_new['decode']} of "
+                f"{want_d} decode group(s) ready")
     else:
         prog = ("Progressing", False, "Complete", f"{served_units} unit(s) of {c.label()} ready")
     values.append(prog)
@@ -384,14 +447,20 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
     dstatus = disaggregation_status(t.dplan)
     if step.serve:
         dstatus["servedRevision"] = step.serve
+    ready_served = {r: sum(1 for g in live[r].values() if step.serve and _group_revision(g) == step.serve
+                           and g.ready(n_pods[r] if step.serve == revision else None)) for r in ROLES}
+    for r, w in (("prefill", want_p), ("decode", want_d)):
+        if r in dstatus:
+            dstatus[r] = {**dstatus[r], "desiredReplicas": w, "readyReplicas": ready_served[r]}
     status: dict[str, Any] = {
         "observedGeneration": b.generation,
         "conditions": conds,
         "plan": st.plan_summary(cands["decode"], c.label(), gpu_product=t.product),
         "alternatives": [],
         "placement": placement_status(live, placed_now, revision, n_pods, gpus),
-        "replicas": min(len(new_idx["prefill"]) // ratio[0], len(new_idx["decode"]) // ratio[1]),
-        "readyReplicas": served_units,
+        # the scale subresource's statusReplicasPath / selector count decode groups, as spec.replicas does
+        "replicas": len(new_idx["decode"]),
+        "readyReplicas": ready_served["decode"],
         "desiredReplicas": R,
         "selector": f"{LABEL_DEPLOYMENT}={name},{LABEL_SERVING_ROLE}=decode",
         "disaggregation": dstatus,
@@ -454,5 +523,6 @@ def is_disaggregated_spec(spec: Any) -> bool:
     return spec.serving is not None and spec.serving.disaggregation != "disabled"
 
 
-__all__ = ["DISAGG_STATUS_KEYS", "DisaggInputs", "DisaggTarget", "POOL_CRD", "decide_disagg", "disaggregation_status",
-           "is_disaggregated_spec", "render_role", "role_groups", "role_hash", "unit_ratio"]
+__all__ = ["DISAGG_STATUS_KEYS", "DisaggInputs", "DisaggTarget", "POOL_CRD", "RoleTargets", "decide_disagg",
+           "disaggregation_status", "is_disaggregated_spec", "render_role", "role_groups", "role_hash", "role_targets",
+           "unit_ratio"]

@@ -57,8 +57,9 @@ class RoleGroup:
 
 @dataclass(frozen=True)
 class Desired:
-    """The new revision's groups: `prefill` and `decode` counts, whole units of `ratio` (rp, rd), and the GPUs
-    one new group of each role takes."""
+    """The new revision's groups: `prefill` and `decode` counts (at least one unit of `ratio` (rp, rd); per-role
+    autoscaling may leave them off whole units, e.g. 3 prefill + 2 decode of 1:1: the groups beyond the whole
+    units serve beside them but count toward no unit), and the GPUs one new group of each role takes."""
 
     prefill: int
     decode: int
@@ -70,7 +71,7 @@ class Desired:
 
     @property
     def units(self) -> int:
-        return self.decode // self.ratio[1]
+        return min(self.prefill // self.ratio[0], self.decode // self.ratio[1])
 
 
 @dataclass(frozen=True)
@@ -145,10 +146,9 @@ def rollout_step(live: Sequence[RoleGroup], desired: Desired, new_revision: str,
     old_ratio = served_ratio or desired.ratio
     if rp < 1 or rd < 1:
         raise ValueError(f"P:D ratio {rp}:{rd}: both sides must be >= 1")
-    if desired.prefill % rp or desired.decode % rd or desired.prefill // rp != desired.decode // rd \
-            or desired.decode < rd:
-        raise ValueError(f"{desired.prefill} prefill and {desired.decode} decode group(s) are not whole units "
-                         f"(at least one) of P:D {rp}:{rd}")
+    if desired.prefill < rp or desired.decode < rd:
+        raise ValueError(f"{desired.prefill} prefill and {desired.decode} decode group(s) are less than one whole "
+                         f"unit of P:D {rp}:{rd}")
     if max_surge < 1:
         raise ValueError("max_surge must be >= 1")
     bad = [g for g in live if g.role not in ROLES]

@@ -982,8 +982,12 @@ class Reconciler:
         pool_crd, routers = self.router_views.get((common["namespace"], common["name"]), (False, []))
         target = DisaggTarget(dplan, serving, network, pods, product, per_node or 1, spec.serving.router.image,
                               pool_crd, spec.serving.router.kind)
-        base = Inputs(desired_replicas=desired, replicas_why=replicas_why, **common)
-        return decide_disagg(DisaggInputs(base, target, routers))
+        from meshplan.controller.decide_disagg import role_targets
+
+        # spec.replicas (and the autoscaler's toReplicas) count decode groups; prefill from role_targets
+        targets = role_targets(spec, common["previous_status"], dplan)
+        base = Inputs(desired_replicas=targets.decode, replicas_why=targets.why, **common)
+        return decide_disagg(DisaggInputs(base, target, routers, prefill_replicas=targets.prefill))
 
     def _with_policy(self, target: Any) -> Any:
         """The target's pods run as the admin's engine ServiceAccount (enginePolicy.serviceAccountName)."""
