@@ -280,3 +280,33 @@ def test_an_aggregated_deployment_gets_an_inference_pool_when_it_asks(cluster, n
     kit.wait(lambda: kit.get(cluster, ns, "inferencepools.inference.networking.k8s.io", f"{name}-pool") is None
              and kit.get(cluster, ns, "deployment", f"{name}-epp") is None, 60, "the pool and picker gone")
     assert {p["metadata"]["uid"] for p in kit.pods(cluster, ns) if p["metadata"]["name"].startswith(f"{name}-r")} == uids
+
+
+def test_a_group_on_a_cordoned_node_moves_make_before_break(cluster, ns):
+    """A ready decode group whose node is cordoned keeps serving while a replacement is created elsewhere, and is
+    deleted only once the replacement is ready: at every poll the pool selects a ready decode pod."""
+    name = "r1-move"
+    kit.apply(cluster, ns, r1(name))
+    available(cluster, ns, name)
+    decode = next(p for p in kit.pods(cluster, ns) if p["metadata"]["labels"].get(LABEL_SERVING_ROLE) == "decode")
+    node = decode["spec"]["nodeName"]
+    cluster.kubectl("cordon", node)
+    try:
+        deadline, seen_two = time.monotonic() + 120, False
+        while time.monotonic() < deadline:
+            sel, _, o = _snapshot(cluster, ns, name)
+            ready_decode = [1 for r, _, ok in sel if r == "decode" and ok]
+            assert ready_decode, f"no ready decode pod selected during the move: {sel}"
+            live = [p for p in kit.pods(cluster, ns) if not p["metadata"].get("deletionTimestamp")
+                    and p["metadata"]["labels"].get(LABEL_SERVING_ROLE) == "decode"]
+            seen_two |= len(live) == 2
+            if decode["metadata"]["name"] not in {p["metadata"]["name"] for p in live} and live \
+                    and all(p["spec"].get("nodeName") != node for p in live):
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"the decode group did not move off {node}: {[(p['metadata']['name'], p['spec'].get('nodeName')) for p in live]}")
+        assert seen_two, "the old group was deleted before its replacement existed"
+        assert any(e.get("reason") == "ReplicaMoved" for e in kit.events(cluster, ns, name))
+    finally:
+        cluster.kubectl("uncordon", node)

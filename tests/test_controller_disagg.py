@@ -85,3 +85,55 @@ def test_switching_a_running_deployment_between_serving_modes_changes_nothing_an
     asyncio.run(rec2.reconcile("ns", "llama"))
     assert {n for (k, n), _ in api2.objects.items() if k == "Pod"} == pods
     assert not {k for k, _ in api2.objects} & {"Deployment", "Role", "RoleBinding"}
+
+
+def test_a_group_on_a_cordoned_node_is_replaced_make_before_break():
+    """A ready decode group whose node is cordoned keeps serving (still selected, still counted) while a
+    replacement is created on another node; it is deleted only once the replacement is ready (ReplicaMoved)."""
+    import copy
+
+    m = r1()
+    m["metadata"].update(name="r1", namespace="ns", uid="u-1", generation=1)
+    nodes = [copy.deepcopy(n) for n in fleet_nodes(load_fleet("hgx-h200-ib"))]
+    infos = [node_info(n, ready_if_unknown=True) for n in nodes]
+    api = FakeApiServer(m)
+    rec = Reconciler(kube=api, world=World(nodes=lambda: infos), monotonic=lambda: 1000.0,
+                     clock=lambda: datetime(2026, 1, 1, tzinfo=timezone.utc))
+
+    def ready_all():
+        for (k, _), o in api.objects.items():
+            if k == "Pod":
+                o.setdefault("status", {})["conditions"] = [{"type": "Ready", "status": "True"}]
+                o["status"]["phase"] = "Running"
+
+    def pods():
+        return {n: o for (k, n), o in api.objects.items() if k == "Pod"}
+
+    asyncio.run(rec.reconcile("ns", "r1"))
+    ready_all()
+    asyncio.run(rec.reconcile("ns", "r1"))
+    assert _cond(api.body, "Available")["status"] == "True"
+    decode0 = pods()["r1-decode-r0-0"]
+    node = decode0["metadata"]["annotations"]["meshplan.dev/assigned-node"]
+    for n in nodes:
+        if n["metadata"]["name"] == node:
+            n.setdefault("spec", {})["unschedulable"] = True
+    infos[:] = [node_info(n, ready_if_unknown=True) for n in nodes]
+    asyncio.run(rec.reconcile("ns", "r1"))
+    p = pods()
+    assert "r1-decode-r0-0" in p, "the group on the cordoned node is never deleted before its replacement is ready"
+    assert "r1-decode-r1-0" in p, sorted(p)
+    assert p["r1-decode-r1-0"]["metadata"]["annotations"]["meshplan.dev/assigned-node"] != node
+    prog = _cond(api.body, "Progressing")
+    assert prog["reason"] == "MovingReplicas" and "decode replica 0" in prog["message"], prog
+    assert _cond(api.body, "Available")["status"] == "True"            # the moving group still serves
+    assert {r["index"] for r in api.body["status"]["placement"] if r["role"] == "decode"} == {0, 1}
+    asyncio.run(rec.reconcile("ns", "r1"))                             # not ready yet: nothing more happens
+    assert "r1-decode-r0-0" in pods()
+    ready_all()
+    asyncio.run(rec.reconcile("ns", "r1"))
+    p = pods()
+    assert "r1-decode-r0-0" not in p and "r1-decode-r1-0" in p and "r1-prefill-r0-0" in p, sorted(p)
+    assert any(e["reason"] == "ReplicaMoved" for e in api.events), [e["reason"] for e in api.events]
+    assert _cond(api.body, "Available")["status"] == "True"
+    assert api.body["status"]["readyReplicas"] == 1

@@ -28,6 +28,11 @@ both roles' plan hashes). Rules, as `decide.py`'s where they are the same:
    decode of a 2:1 plan, inside the autoscaler's ratio bounds) the unit shrinks to what the roles have; groups
    beyond the whole units (3 prefill + 2 decode of 1:1) serve beside them (`placement.place_disagg` places them
    as one last partial unit).
+3b. Moves, make-before-break: a ready group of the current revision whose nodes no longer hold it (cordoned,
+   tainted, its NVLink domain relabelled, allocatable GPUs dropped; `decide.misplaced_groups` judges it as for an
+   aggregated group) keeps serving, holding its GPUs and its index, while the rollout creates a replacement of its
+   role; it is deleted once its role has its desired count of ready groups without it (event ReplicaMoved).
+   Progressing=True/MovingReplicas names it meanwhile.
 4. Placement: the new revision's groups are placed as units with `placement.place_disagg` (the KV path's scope:
    one NVLink domain, one network block or anywhere), existing groups keeping their nodes, on the topology
    charged with the groups of other revisions. A group to create that has no place waits (Placed=False).
@@ -279,19 +284,36 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
             elif not g.terminating:
                 live[r][i] = g
     terminating = any(g.terminating for r in ROLES for g in groups[r].values())
+    # Rule 3b, make-before-break moves: a ready group of this revision whose nodes no longer hold it (cordoned,
+    # tainted, relabelled, allocatable GPUs dropped) keeps serving and holding its GPUs while a replacement of its
+    # role is created; it is deleted once enough groups of its role are ready without it.
+    moving = misplaced_role_groups(live, revision, reqs0, topo_all, n_pods)
+    moving_groups = {r: {i: live[r].pop(i) for i in moving[r]} for r in ROLES}
     role_live = [RoleGroup(r, i, _group_revision(g), g.ready(n_pods[r] if _group_revision(g) == revision else None),
                            sum(p.gpus for p in g.pods.values()))
                  for r in ROLES for i, g in sorted(live[r].items())]
-    held = sum(g.gpus for g in role_live)
+    role_moving = [RoleGroup(r, i, revision, True, sum(p.gpus for p in g.pods.values()))
+                   for r in ROLES for i, g in sorted(moving_groups[r].items())]
+    held = sum(g.gpus for g in (*role_live, *role_moving))
     free = max(0, topo_all.free_gpus - held)
     if want_units >= 1:
-        step = rollout_step(role_live, Desired(want_p, want_d, ratio, gpus), revision, Room(free), served=served)
+        step = rollout_step(role_live, Desired(want_p, want_d, ratio, gpus), revision, Room(free), served=served,
+                            moving=role_moving)
     else:      # scaled to zero: everything goes
         from meshplan.controller.disagg_rollout import Step
 
         step = Step(create=(), delete=tuple(role_live), serve=None, served_units=0)
     for g in step.delete:
         out.delete_group(live[g.role].pop(g.index))
+    # a moving group goes once its role has its desired count of ready groups without it (its replacement is up)
+    want_role = {"prefill": want_p, "decode": want_d}
+    for r in ROLES:
+        ready_r = sum(1 for g in live[r].values() if _group_revision(g) == revision and g.ready(n_pods[r]))
+        surplus = ready_r + len(moving_groups[r]) - want_role[r]
+        for i in sorted(moving_groups[r])[:max(0, surplus)]:
+            out.delete_group(moving_groups[r].pop(i))
+            out.events.append(("Normal", "ReplicaMoved", f"{r} replica {i} removed from nodes that no longer hold "
+                               f"it ({moving[r][i]}): its replacement is ready"))
     if step.create or step.delete or step.serve != served:
         out.events += list(step.events)      # a step that changes nothing is not re-announced every reconcile
     creates = [] if (terminating or restarted) else list(step.create)
@@ -301,6 +323,7 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
                          + [i for rr, i in creates if rr == r]) for r in ROLES}
     others = [(p.node, p.gpus) for r in ROLES for g in live[r].values() if _group_revision(g) != revision
               for p in g.pods.values() if p.node]
+    others += [(p.node, p.gpus) for r in ROLES for g in moving_groups[r].values() for p in g.pods.values() if p.node]
     topo = topo_all.with_usage(others)
     existing = {r: {pos: [n or "" for n in live[r][i].nodes()] for pos, i in enumerate(new_idx[r]) if i in live[r]}
                 for r in ROLES}
@@ -363,6 +386,9 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
                 out.events.append(("Normal", "ReplicaCreated", f"{r} replica {g_open.index} (revision {revision}): "
                                    f"{len(names)} pod(s) on {', '.join(g_open_nodes(g_open))}; scheduling gates "
                                    "removed once all exist"))
+    # Groups being moved still serve: the router, the status and the served units count them again.
+    for r in ROLES:
+        live[r].update(moving_groups[r])
     # Services of groups that still exist (any revision) stay; the others go.
     keep_svc = {(r, i) for r in ROLES for i, g in groups[r].items()
                 if any(p.name not in {d[2] for d in out.delete} for p in g.pods.values())}
@@ -399,6 +425,9 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
 
     # Rule 7: status.
     served_units = step.served_units if step.serve is not None else 0
+    if step.serve == revision and any(moving_groups[r] for r in ROLES):
+        served_units = units([RoleGroup(r, i, _group_revision(g), g.ready(n_pods[r]), 0)
+                              for r in ROLES for i, g in live[r].items()], revision, ratio)
     ready_new = {r: sum(1 for g in live[r].values() if _group_revision(g) == revision and g.ready(n_pods[r]))
                  for r in ROLES}
     short = bool(unplaced)
@@ -423,6 +452,10 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
                 f"revision {revision} replaces {len(stale)} group(s) of another revision "
                 f"({ready_new['prefill']} prefill + {ready_new['decode']} decode group(s) of it ready); the pool "
                 f"serves {step.serve or 'nothing'}")
+    elif any(moving_groups[r] for r in ROLES):
+        prog = ("Progressing", True, "MovingReplicas", "; ".join(
+            f"{r} replica {i} keeps serving on nodes that no longer hold it ({moving[r][i]}) until a replacement "
+            "is ready" for r in ROLES for i in sorted(moving_groups[r]))[:4096])
     elif served_units < want_units or creates or restarted or any(len(new_idx[r]) != w for r, w in
                                                                   (("prefill", want_p), ("decode", want_d))):
         prog = ("Progressing", True, "CreatingReplicas",
@@ -501,6 +534,22 @@ def placement_status(live: Mapping[str, Mapping[int, LiveGroup]], placed_now: Ma
                                 "ready": g.ready(n_pods[r] if rev == revision else None)}))
         rows += [{k: v for k, v in e.items() if v is not None} for _, e in sorted(entries, key=lambda t: t[0])]
     return rows
+
+
+def misplaced_role_groups(live: Mapping[str, Mapping[int, LiveGroup]], revision: str, reqs0: Mapping[str, Any],
+                          topology: Any, n_pods: Mapping[str, int]) -> dict[str, dict[int, str]]:
+    """Per role, the ready groups of `revision` that cannot keep their nodes (-> why), as `decide.misplaced_groups`
+    judges an aggregated group: on the topology without this deployment, charged with every other group of it
+    (the other role's, other revisions')."""
+    from meshplan.controller.decide import misplaced_groups
+
+    out: dict[str, dict[int, str]] = {}
+    for r in ROLES:
+        mine = {i: g for i, g in live[r].items() if _group_revision(g) == revision}
+        rest = [(p.node, p.gpus) for rr in ROLES for i, g in live[rr].items() if not (rr == r and i in mine)
+                for p in g.pods.values() if p.node]
+        out[r] = dict(misplaced_groups(mine, reqs0[r], topology.with_usage(rest), n_pods[r])) if mine else {}
+    return out
 
 
 def g_open_nodes(g: Any) -> list[str]:

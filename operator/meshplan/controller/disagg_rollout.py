@@ -138,10 +138,11 @@ def _may_lower(before: int, after: int, starting: int, next_unit: bool) -> bool:
 
 def rollout_step(live: Sequence[RoleGroup], desired: Desired, new_revision: str, room: Room, *,
                  served: str | None = None, served_ratio: tuple[int, int] | None = None,
-                 max_surge: int = 1) -> Step:
+                 max_surge: int = 1, moving: Sequence[RoleGroup] = ()) -> Step:
     """One reconcile's rollout decision (see the module docstring). `served` is the revision the pool selects
     now (None: no pool yet), `served_ratio` its P:D ratio (default: the desired one), `max_surge` the new groups
-    per role that may be not ready at once."""
+    per role that may be not ready at once. `moving`: groups being replaced make-before-break (their nodes no
+    longer hold them, `decide_disagg`): not counted, never deleted here, but their indexes are taken."""
     rp, rd = desired.ratio
     old_ratio = served_ratio or desired.ratio
     if rp < 1 or rd < 1:
@@ -268,7 +269,7 @@ def rollout_step(live: Sequence[RoleGroup], desired: Desired, new_revision: str,
                            f"no room for a surge {role} group ({need_gpus} GPU(s), {free + freed - extra} free): "
                            f"deleting {', '.join(f'{g.role} r{g.index}' for g in take)} of revision {S} first; "
                            f"served capacity {before} -> {after} unit(s)"))
-        used = {g.index for g in live if g.role == role} | {i for r, i in creates if r == role}
+        used = {g.index for g in (*live, *moving) if g.role == role} | {i for r, i in creates if r == role}
         index = next(i for i in range(len(used) + 1) if i not in used)
         creates.append((role, index))
         free -= need_gpus
