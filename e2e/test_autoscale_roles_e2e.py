@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 
 from e2e.reliability import kit
+from e2e.test_autoscale import fleets  # noqa: F401 - the fixture that stops the synthetic fleets a test started
 from meshplan.autoscale.queueing import ReplicaModel
 from meshplan.render.inference_pool import LABEL_SERVING_ROLE
 
@@ -72,9 +73,7 @@ def _fleet_mod():
 def gpus(cluster):
     kit.ensure_crd(cluster)
     # 8 nodes (64 GPUs): room for a decode group beyond the ones the test asks for (see the module doc)
-    group = {"namePrefix": "rel-pdscale-a", "count": 8, "zone": "zone-a", "gpusPerNode": 8, "product": H200,
-             "memoryMiB": 143771, "family": "hopper", "cpu": "224", "memory": "2Ti", "rdma": {"rdma/ib": 8}}
-    f = kit.Fleet(cluster, "rel-pdscale", [group])
+    f = kit.Fleet(cluster, "rel-pdscale", [kit.h200_ib_group("rel-pdscale-a", 8)])
     f.add()
     yield f
     f.delete()
@@ -82,13 +81,7 @@ def gpus(cluster):
 
 @pytest.fixture(scope="module")
 def op(cluster, gpus, request):
-    kit.ensure_crd(cluster)
-    o = kit.start(kit.operator(cluster, GLOB, "--prometheus-url", cluster.prometheus_url))
-    failed = request.session.testsfailed
-    yield o
-    o.stop()
-    if request.session.testsfailed > failed:
-        print(f"\n----- operator log (tail) -----\n{o.tail(200)}")
+    yield from kit.serve_module(cluster, request, GLOB, "--prometheus-url", cluster.prometheus_url, log_lines=200)
 
 
 @pytest.fixture
@@ -100,12 +93,6 @@ def ns(cluster, op, request):
     kit.drop_namespace(cluster, name)
 
 
-@pytest.fixture
-def fleets():
-    started: list = []
-    yield started
-    for f in started:
-        f.stop()
 
 
 def manifest(name: str) -> dict[str, Any]:
@@ -185,6 +172,30 @@ def _events(cluster, ns: str, name: str, reason: str) -> list[str]:
     return [e.get("message", "") for e in kit.events(cluster, ns, name) if e.get("reason") == reason]
 
 
+def _scales_alone(cluster, ns: str, name: str, fl: dict, role: str, before: int, other: str, other_count: int,
+                  why: str) -> dict:
+    """Wait (two up windows at most) for `role` to scale above `before` while `other` stays at `other_count` at every
+    poll, then for the role's ScaledUp event; the LLMDeployment of the scale-up."""
+    t0 = time.monotonic()
+    seen: list = []
+
+    def up():
+        o = kit.get(cluster, ns, "llmd", name) or {}
+        seen.append((round(time.monotonic() - t0, 1), _to(o, other),
+                     ((_roles(o).get(other) or {}).get("reason") or "")[:200]))
+        return o if (_to(o, role) or 0) > before else None
+    o = _wait(up, TWO_WINDOWS_S, f"the {role} groups to scale up", lambda: _show(cluster, ns, name, fl))
+    after = time.monotonic() - t0
+    print(f"{role} {before} -> {_to(o, role)} {after:.1f}s after {why}: {_roles(o)[role].get('reason', '')[:300]}")
+    assert after <= TWO_WINDOWS_S
+    assert {x for _, x, _ in seen} == {other_count}, seen
+    _wait(lambda: any(m.startswith(f"{role} groups scaled from {before} to") for m in _events(cluster, ns, name,
+                                                                                              "ScaledUp")),
+          10, f"the {role} ScaledUp event", lambda: [(e.get("reason"), e.get("message", "")[:200])
+                                                    for e in kit.events(cluster, ns, name)][-10:])
+    return o
+
+
 def test_each_role_scales_on_its_own_signals_and_not_the_other(cluster, ns, fleets):
     name = "r1-as"
     kit.apply(cluster, ns, manifest(name))
@@ -225,23 +236,7 @@ def test_each_role_scales_on_its_own_signals_and_not_the_other(cluster, ns, flee
     # many): TTFT p99 above the 2 s target
     fl["prefill"].engine.set_model(replace(prefill_model, prefill_s=0.7))
     fl["prefill"].set_load(12.0)
-    t0 = time.monotonic()
-    seen_decode: list = []
-
-    def prefill_up():
-        o = kit.get(cluster, ns, "llmd", name) or {}
-        seen_decode.append((round(time.monotonic() - t0, 1), _to(o, "decode"),
-                            ((_roles(o).get("decode") or {}).get("reason") or "")[:200]))
-        return o if (_to(o, "prefill") or 0) > p0 else None
-    o = _wait(prefill_up, TWO_WINDOWS_S, "the prefill groups to scale up", lambda: _show(cluster, ns, name, fl))
-    after = time.monotonic() - t0
-    print(f"prefill {p0} -> {_to(o, 'prefill')} {after:.1f}s after the prompt load rose: "
-          f"{_roles(o)['prefill'].get('reason', '')[:300]}")
-    assert after <= TWO_WINDOWS_S
-    assert {d for _, d, _ in seen_decode} == {d0}, seen_decode
-    _wait(lambda: any(m.startswith(f"prefill groups scaled from {p0} to") for m in _events(cluster, ns, name, "ScaledUp")),
-          10, "the prefill ScaledUp event", lambda: [(e.get("reason"), e.get("message", "")[:200])
-                                                    for e in kit.events(cluster, ns, name)][-10:])
+    o = _scales_alone(cluster, ns, name, fl, "prefill", p0, "decode", d0, "the prompt load rose")
     p1 = _to(o, "prefill")
     # the reconciler acts on it: more prefill groups, the decode group untouched
     _wait(lambda: (lambda c: c["decode"] == d0 and c["prefill"] >= p1)(_role_pods(cluster, ns, name)), 120,
@@ -266,23 +261,7 @@ def test_each_role_scales_on_its_own_signals_and_not_the_other(cluster, ns, flee
 
     # 2. longer outputs on the decode exporter: its KV usage rises past the 0.9 high-watermark
     fl["decode"].engine.set_model(replace(decode_model, output_tokens=1024))
-    t0 = time.monotonic()
-    seen_prefill: list = []
-
-    def decode_up():
-        o = kit.get(cluster, ns, "llmd", name) or {}
-        seen_prefill.append((round(time.monotonic() - t0, 1), _to(o, "prefill"),
-                             ((_roles(o).get("prefill") or {}).get("reason") or "")[:200]))
-        return o if (_to(o, "decode") or 0) > d0 else None
-    o = _wait(decode_up, TWO_WINDOWS_S, "the decode groups to scale up", lambda: _show(cluster, ns, name, fl))
-    after = time.monotonic() - t0
-    print(f"decode {d0} -> {_to(o, 'decode')} {after:.1f}s after the outputs grew: "
-          f"{_roles(o)['decode'].get('reason', '')[:300]}")
-    assert after <= TWO_WINDOWS_S
-    assert {p for _, p, _ in seen_prefill} == {p2}, seen_prefill
-    _wait(lambda: any(m.startswith(f"decode groups scaled from {d0} to") for m in _events(cluster, ns, name, "ScaledUp")),
-          10, "the decode ScaledUp event", lambda: [(e.get("reason"), e.get("message", "")[:200])
-                                                   for e in kit.events(cluster, ns, name)][-10:])
+    o = _scales_alone(cluster, ns, name, fl, "decode", d0, "prefill", p2, "the outputs grew")
     d1 = _to(o, "decode")
     _wait(lambda: fl["decode"].ready_replicas >= d1 and (lambda c: c["prefill"] == p2 and c["decode"] >= d1)(
           _role_pods(cluster, ns, name)), 120, f"{d1} ready decode groups beside {p2} prefill",

@@ -41,9 +41,7 @@ EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.6.0"
 @pytest.fixture(scope="module")
 def fleet(cluster):
     kit.ensure_crd(cluster)
-    group = {"namePrefix": "rel-disagg-a", "count": 6, "zone": "zone-a", "gpusPerNode": 8, "product": H200,
-             "memoryMiB": 143771, "family": "hopper", "cpu": "224", "memory": "2Ti", "rdma": {"rdma/ib": 8}}
-    f = kit.Fleet(cluster, "rel-disagg", [group])
+    f = kit.Fleet(cluster, "rel-disagg", [kit.h200_ib_group("rel-disagg-a", 6)])
     f.add()
     yield f
     f.delete()

@@ -153,10 +153,17 @@ def operator(cluster, namespace_glob: str, *extra: str, metrics: bool = True,
     return op
 
 
-def serve_module(cluster, request, namespace_glob: str, log_lines: int = 120):
-    """Body of a module-scoped `op` fixture: one operator for the module, its log tail printed on failure."""
+def h200_ib_group(prefix: str, count: int, zone: str = "zone-a") -> dict[str, Any]:
+    """`count` HGX H200 nodes advertising `rdma/ib` (as operator/meshplan/fleets/hgx-h200-ib.yaml does)."""
+    return {"namePrefix": prefix, "count": count, "zone": zone, "gpusPerNode": 8, "product": "NVIDIA-H200",
+            "memoryMiB": 143771, "family": "hopper", "cpu": "224", "memory": "2Ti", "rdma": {"rdma/ib": 8}}
+
+
+def serve_module(cluster, request, namespace_glob: str, *extra: str, log_lines: int = 120):
+    """Body of a module-scoped `op` fixture: one operator for the module (`extra`: more `meshplan run`
+    arguments), its log tail printed on failure."""
     ensure_crd(cluster)
-    o = start(operator(cluster, namespace_glob))
+    o = start(operator(cluster, namespace_glob, *extra))
     failed = request.session.testsfailed
     yield o
     o.stop()
