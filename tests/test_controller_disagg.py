@@ -137,3 +137,30 @@ def test_a_group_on_a_cordoned_node_is_replaced_make_before_break():
     assert any(e["reason"] == "ReplicaMoved" for e in api.events), [e["reason"] for e in api.events]
     assert _cond(api.body, "Available")["status"] == "True"
     assert api.body["status"]["readyReplicas"] == 1
+
+
+def test_a_group_not_ready_on_a_cordoned_node_is_placed_again_whole():
+    """A decode group that is not ready yet serves nobody: when its node is cordoned it is deleted whole
+    (ReplicaReplaced) and created again on a node that holds it."""
+    import copy
+
+    m = r1()
+    m["metadata"].update(name="r1", namespace="ns", uid="u-1", generation=1)
+    nodes = [copy.deepcopy(n) for n in fleet_nodes(load_fleet("hgx-h200-ib"))]
+    infos = [node_info(n, ready_if_unknown=True) for n in nodes]
+    api = FakeApiServer(m)
+    rec = Reconciler(kube=api, world=World(nodes=lambda: infos), monotonic=lambda: 1000.0,
+                     clock=lambda: datetime(2026, 1, 1, tzinfo=timezone.utc))
+    asyncio.run(rec.reconcile("ns", "r1"))
+    node = api.objects[("Pod", "r1-decode-r0-0")]["metadata"]["annotations"]["meshplan.dev/assigned-node"]
+    for n in nodes:
+        if n["metadata"]["name"] == node:
+            n.setdefault("spec", {})["unschedulable"] = True
+    infos[:] = [node_info(n, ready_if_unknown=True) for n in nodes]
+    asyncio.run(rec.reconcile("ns", "r1"))
+    assert ("Pod", "r1-decode-r0-0") not in api.objects
+    assert ("Pod", "r1-prefill-r0-0") in api.objects                      # the other role is untouched
+    assert any(e["reason"] == "ReplicaReplaced" for e in api.events), [e["reason"] for e in api.events]
+    asyncio.run(rec.reconcile("ns", "r1"))
+    again = api.objects[("Pod", "r1-decode-r0-0")]
+    assert again["metadata"]["annotations"]["meshplan.dev/assigned-node"] != node

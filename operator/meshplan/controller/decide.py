@@ -610,7 +610,7 @@ def decide(inp: Inputs) -> Outcome:
 
 
 def misplaced_groups(current: Mapping[int, LiveGroup], req0: Any, topology: Topology,
-                     n_pods: int) -> dict[int, str]:
+                     n_pods: int, ready: bool = True) -> dict[int, str]:
     """The ready groups of `current` that cannot keep their nodes on `topology` -> why (placement's note).
 
     Pure. `topology` leaves out the deployment's own pods and charges its stale groups; the
@@ -618,6 +618,8 @@ def misplaced_groups(current: Mapping[int, LiveGroup], req0: Any, topology: Topo
     ready serve nobody and are not returned (decide replaces them whole at once, rule 3); nor are
     groups with a pod on a node that is not Ready: its kubelet is gone, so the pods' Ready
     condition is stale until the node controller marks them (seconds), and they serve nobody.
+    With `ready=False`: the groups that are NOT ready and cannot keep their nodes (any node), the ones a
+    caller replaces whole at once (`decide_disagg`, rule 3c).
     """
     lost = {n for n, why in topology.excluded if "Ready" in why}
     order = sorted(current)
@@ -627,8 +629,9 @@ def misplaced_groups(current: Mapping[int, LiveGroup], req0: Any, topology: Topo
     out: dict[int, str] = {}
     for pos, i in enumerate(order):
         r = check.replica(pos)
-        if (r is None or list(r.nodes) != existing[pos]) and current[i].ready(n_pods) \
-                and not lost & set(existing[pos]):
+        if r is not None and list(r.nodes) == existing[pos]:
+            continue
+        if (current[i].ready(n_pods) and not lost & set(existing[pos])) if ready else not current[i].ready(n_pods):
             out[i] = notes.get(pos, "nodes changed")
     return out
 

@@ -33,6 +33,9 @@ both roles' plan hashes). Rules, as `decide.py`'s where they are the same:
    aggregated group) keeps serving, holding its GPUs and its index, while the rollout creates a replacement of its
    role; it is deleted once its role has its desired count of ready groups without it (event ReplicaMoved).
    Progressing=True/MovingReplicas names it meanwhile.
+3c. A not-ready group of the current revision whose nodes no longer hold it serves nobody: it is deleted whole
+   (ReplicaReplaced) and placed again on a later reconcile, as `decide.py` does for an aggregated one; the other
+   groups keep their nodes.
 4. Placement: the new revision's groups are placed as units with `placement.place_disagg` (the KV path's scope:
    one NVLink domain, one network block or anywhere), existing groups keeping their nodes, on the topology
    charged with the groups of other revisions. A group to create that has no place waits (Placed=False).
@@ -283,6 +286,17 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
                 restarted.append(f"{r} r{i}")
             elif not g.terminating:
                 live[r][i] = g
+    # Rule 3c: a not-ready group of this revision whose nodes no longer hold it serves nobody: deleted whole now,
+    # placed again on a later reconcile (the other groups keep their nodes).
+    stranded = misplaced_role_groups(live, revision, reqs0, topo_all, n_pods, ready=False)
+    for r in ROLES:
+        for i, why in sorted(stranded[r].items()):
+            if live[r][i].terminating:
+                continue
+            out.delete_group(live[r].pop(i))
+            restarted.append(f"{r} r{i}")
+            out.events.append(("Normal", "ReplicaReplaced", f"{r} replica {i} is not ready and its nodes no longer "
+                               f"hold it ({why}): deleted whole, placed again"))
     terminating = any(g.terminating for r in ROLES for g in groups[r].values())
     # Rule 3b, make-before-break moves: a ready group of this revision whose nodes no longer hold it (cordoned,
     # tainted, relabelled, allocatable GPUs dropped) keeps serving and holding its GPUs while a replacement of its
@@ -537,10 +551,10 @@ def placement_status(live: Mapping[str, Mapping[int, LiveGroup]], placed_now: Ma
 
 
 def misplaced_role_groups(live: Mapping[str, Mapping[int, LiveGroup]], revision: str, reqs0: Mapping[str, Any],
-                          topology: Any, n_pods: Mapping[str, int]) -> dict[str, dict[int, str]]:
-    """Per role, the ready groups of `revision` that cannot keep their nodes (-> why), as `decide.misplaced_groups`
-    judges an aggregated group: on the topology without this deployment, charged with every other group of it
-    (the other role's, other revisions')."""
+                          topology: Any, n_pods: Mapping[str, int], ready: bool = True) -> dict[str, dict[int, str]]:
+    """Per role, the ready (`ready=False`: the not-ready) groups of `revision` that cannot keep their nodes (-> why),
+    as `decide.misplaced_groups` judges an aggregated group: on the topology without this deployment, charged with
+    every other group of it (the other role's, other revisions')."""
     from meshplan.controller.decide import misplaced_groups
 
     out: dict[str, dict[int, str]] = {}
@@ -548,7 +562,7 @@ def misplaced_role_groups(live: Mapping[str, Mapping[int, LiveGroup]], revision:
         mine = {i: g for i, g in live[r].items() if _group_revision(g) == revision}
         rest = [(p.node, p.gpus) for rr in ROLES for i, g in live[rr].items() if not (rr == r and i in mine)
                 for p in g.pods.values() if p.node]
-        out[r] = dict(misplaced_groups(mine, reqs0[r], topology.with_usage(rest), n_pods[r])) if mine else {}
+        out[r] = dict(misplaced_groups(mine, reqs0[r], topology.with_usage(rest), n_pods[r], ready)) if mine else {}
     return out
 
 
