@@ -87,9 +87,8 @@ def test_switching_a_running_deployment_between_serving_modes_changes_nothing_an
     assert not {k for k, _ in api2.objects} & {"Deployment", "Role", "RoleBinding"}
 
 
-def test_a_group_on_a_cordoned_node_is_replaced_make_before_break():
-    """A ready decode group whose node is cordoned keeps serving (still selected, still counted) while a
-    replacement is created on another node; it is deleted only once the replacement is ready (ReplicaMoved)."""
+def _cordonable_r1():
+    """The R1 disaggregated deployment on a private copy of hgx-h200-ib, and `cordon(node)` for that copy."""
     import copy
 
     m = r1()
@@ -99,6 +98,19 @@ def test_a_group_on_a_cordoned_node_is_replaced_make_before_break():
     api = FakeApiServer(m)
     rec = Reconciler(kube=api, world=World(nodes=lambda: infos), monotonic=lambda: 1000.0,
                      clock=lambda: datetime(2026, 1, 1, tzinfo=timezone.utc))
+
+    def cordon(node: str) -> None:
+        for n in nodes:
+            if n["metadata"]["name"] == node:
+                n.setdefault("spec", {})["unschedulable"] = True
+        infos[:] = [node_info(n, ready_if_unknown=True) for n in nodes]
+    return api, rec, cordon
+
+
+def test_a_group_on_a_cordoned_node_is_replaced_make_before_break():
+    """A ready decode group whose node is cordoned keeps serving (still selected, still counted) while a
+    replacement is created on another node; it is deleted only once the replacement is ready (ReplicaMoved)."""
+    api, rec, cordon = _cordonable_r1()
 
     def ready_all():
         for (k, _), o in api.objects.items():
@@ -115,10 +127,7 @@ def test_a_group_on_a_cordoned_node_is_replaced_make_before_break():
     assert _cond(api.body, "Available")["status"] == "True"
     decode0 = pods()["r1-decode-r0-0"]
     node = decode0["metadata"]["annotations"]["meshplan.dev/assigned-node"]
-    for n in nodes:
-        if n["metadata"]["name"] == node:
-            n.setdefault("spec", {})["unschedulable"] = True
-    infos[:] = [node_info(n, ready_if_unknown=True) for n in nodes]
+    cordon(node)
     asyncio.run(rec.reconcile("ns", "r1"))
     p = pods()
     assert "r1-decode-r0-0" in p, "the group on the cordoned node is never deleted before its replacement is ready"
@@ -142,21 +151,10 @@ def test_a_group_on_a_cordoned_node_is_replaced_make_before_break():
 def test_a_group_not_ready_on_a_cordoned_node_is_placed_again_whole():
     """A decode group that is not ready yet serves nobody: when its node is cordoned it is deleted whole
     (ReplicaReplaced) and created again on a node that holds it."""
-    import copy
-
-    m = r1()
-    m["metadata"].update(name="r1", namespace="ns", uid="u-1", generation=1)
-    nodes = [copy.deepcopy(n) for n in fleet_nodes(load_fleet("hgx-h200-ib"))]
-    infos = [node_info(n, ready_if_unknown=True) for n in nodes]
-    api = FakeApiServer(m)
-    rec = Reconciler(kube=api, world=World(nodes=lambda: infos), monotonic=lambda: 1000.0,
-                     clock=lambda: datetime(2026, 1, 1, tzinfo=timezone.utc))
+    api, rec, cordon = _cordonable_r1()
     asyncio.run(rec.reconcile("ns", "r1"))
     node = api.objects[("Pod", "r1-decode-r0-0")]["metadata"]["annotations"]["meshplan.dev/assigned-node"]
-    for n in nodes:
-        if n["metadata"]["name"] == node:
-            n.setdefault("spec", {})["unschedulable"] = True
-    infos[:] = [node_info(n, ready_if_unknown=True) for n in nodes]
+    cordon(node)
     asyncio.run(rec.reconcile("ns", "r1"))
     assert ("Pod", "r1-decode-r0-0") not in api.objects
     assert ("Pod", "r1-prefill-r0-0") in api.objects                      # the other role is untouched
