@@ -419,12 +419,10 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
             out.delete.append(("v1", "Service", sname, (svc.get("metadata") or {}).get("uid", "")))
 
     # Rule 6: the router (one rule for every router kind and for aggregated deployments: controller.routing).
-    leaders: dict[str, list[str]] = {r: [] for r in ROLES}
-    if step.serve is not None:
-        for r in ROLES:
-            ready = [g for _, g in sorted(live[r].items()) if _group_revision(g) == step.serve and
-                     g.ready(n_pods[r] if step.serve == revision else None)]
-            leaders[r] = router_endpoints(ready, ns, t.serving.port)
+    # the served revision's ready groups per role (moving ones included): the router's endpoints and status
+    served_ready = {r: [g for _, g in sorted(live[r].items()) if step.serve and _group_revision(g) == step.serve
+                        and g.ready(n_pods[r] if step.serve == revision else None)] for r in ROLES}
+    leaders = {r: router_endpoints(served_ready[r], ns, t.serving.port) for r in ROLES}
     from meshplan.engines.base import Disaggregation
 
     rout = decide_router(RouterInputs(
@@ -494,8 +492,7 @@ def decide_disagg(inp: DisaggInputs) -> Outcome:
     dstatus = disaggregation_status(t.dplan)
     if step.serve:
         dstatus["servedRevision"] = step.serve
-    ready_served = {r: sum(1 for g in live[r].values() if step.serve and _group_revision(g) == step.serve
-                           and g.ready(n_pods[r] if step.serve == revision else None)) for r in ROLES}
+    ready_served = {r: len(served_ready[r]) for r in ROLES}
     for r, w in (("prefill", want_p), ("decode", want_d)):
         if r in dstatus:
             dstatus[r] = {**dstatus[r], "desiredReplicas": w, "readyReplicas": ready_served[r]}
@@ -574,11 +571,6 @@ def _tier(tier: str) -> str:
     from meshplan.placement import KV_TIERS
 
     return tier if tier in KV_TIERS else "rdma" if "rdma" in KV_TIERS and tier not in ("nvlink", "tcp") else tier
-
-
-def _live(routers: Sequence[Mapping[str, Any]], obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    k, n = obj.get("kind"), obj["metadata"]["name"]
-    return next((o for o in routers if o.get("kind") == k and (o.get("metadata") or {}).get("name") == n), None)
 
 
 def is_disaggregated_spec(spec: Any) -> bool:

@@ -28,6 +28,7 @@ from meshplan.render.engine_router import COMPONENT as ROUTER_COMPONENT
 from meshplan.render.engine_router import endpoint, render_engine_router, router_name
 from meshplan.render.inference_pool import (
     POOL_API_VERSION,
+    POOL_GROUP,
     POOL_KIND,
     epp_name,
     pool_name,
@@ -37,7 +38,7 @@ from meshplan.render.inference_pool import (
 )
 from meshplan.render.workloads import owner_reference
 
-POOL_CRD = "inferencepools.inference.networking.k8s.io"
+POOL_CRD = f"inferencepools.{POOL_GROUP}"
 Condition = tuple[str, bool | str, str, str]
 
 
@@ -98,7 +99,7 @@ def router_endpoints(groups: Sequence[Any], namespace: str, port: int) -> list[s
     """`host:port` of each group's leader (rank 0), in the order given (`decide.LiveGroup`s)."""
     out = []
     for g in groups:
-        leader = g.pods.get(0) if hasattr(g.pods, "get") else None
+        leader = g.pods.get(0)
         e = endpoint(leader.obj, namespace, port) if leader is not None else None
         if e:
             out.append(e)
@@ -149,7 +150,7 @@ def decide_router(inp: RouterInputs) -> RouterOutcome:
         else:
             for obj in render_engine_router(name=name, namespace=ns, owner=owner, engine=inp.engine,
                                             image=inp.image or "", prefill=inp.prefill, decode=inp.decode,
-                                            disagg=inp.disagg, port=inp.port, server_port=inp.port,
+                                            disagg=inp.disagg, port=inp.port,
                                             service_account=inp.service_account):
                 out.apply.append((obj, _live(inp.live, obj["kind"], obj["metadata"]["name"])))
             out.condition = ("Routed", True, "EngineRouterServesRevision",

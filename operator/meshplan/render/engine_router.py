@@ -49,8 +49,7 @@ def endpoint(pod: Mapping[str, Any], namespace: str, port: int) -> str | None:
 
 def render_engine_router(*, name: str, namespace: str, owner: Mapping[str, Any], engine: str, image: str,
                          prefill: Sequence[str], decode: Sequence[str], disagg: Disaggregation | None = None,
-                         port: int = HTTP_PORT, server_port: int = HTTP_PORT,
-                         service_account: str | None = None, image_pull_secrets: Sequence[str] = (),
+                         port: int = HTTP_PORT, service_account: str | None = None,
                          replicas: int = 1) -> list[dict[str, Any]]:
     """The router's Deployment and Service for deployment `name`: `engine`'s own PD router (its module's
     `router_command`) listening on `port`, in front of `prefill` and `decode` (`host:port` each, the served
@@ -79,8 +78,6 @@ def render_engine_router(*, name: str, namespace: str, owner: Mapping[str, Any],
     }
     if service_account:
         pod_spec["serviceAccountName"] = service_account
-    if image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s} for s in image_pull_secrets]
     meta = {"name": router_name(name), "namespace": namespace, "labels": labels, "ownerReferences": [dict(owner)]}
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": dict(meta),
@@ -91,7 +88,7 @@ def render_engine_router(*, name: str, namespace: str, owner: Mapping[str, Any],
     service = {
         "apiVersion": "v1", "kind": "Service", "metadata": dict(meta),
         "spec": {"type": "ClusterIP", "selector": selector,
-                 "ports": [{"name": "http", "port": int(server_port), "targetPort": "http", "protocol": "TCP"}]},
+                 "ports": [{"name": "http", "port": int(port), "targetPort": "http", "protocol": "TCP"}]},
     }
     return [deployment, service]
 
