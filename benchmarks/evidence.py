@@ -216,6 +216,12 @@ VARIANTS = {
     # together (the arrival wave) and the rest one at a time as others finish (steady state): mean
     # TTFT = wave TTFT / R + steady TTFT x (1 - 1/R); R = 1 (committed model) where a source states none
     "rounds_admission": [{}],
+    # the GPU vendor's software stack: AMD GPUs (ROCm kernels: aiter, hipBLASLt, RCCL) reach a share f of the
+    # rates the NVIDIA-fitted efficiencies give (GEMM, weight and KV streaming, collectives); one constant, no
+    # per-product or per-source value. NVIDIA rows keep f = 1 (the calibration set is NVIDIA silicon)
+    "amd_eff": _grid(amd=(0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 1.0)),
+    # the same with admission by benchmark round
+    "amd_eff+rounds_admission": _grid(amd=(0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 1.0)),
 }
 
 
@@ -227,6 +233,10 @@ def _variant_params(name: str, base: PerfParams, v: dict, run: Run) -> PerfParam
         kw["ttft_base_ms"] = base.ttft_base_ms + v["ttft"]
     if name == "steady_admission":
         kw.update(wave=0.0, wave_prefill_first=0.0, wave_budget_first=0.0)
+    if "amd" in v and get_gpu(run.gpu).vendor == "amd":
+        f = v["amd"]
+        kw.update(gemm_eff=base.gemm_eff * f, mem_eff=base.mem_eff * f, attn_eff=base.attn_eff * f,
+                  comm_eff=base.comm_eff * f)
     return base.with_values(**kw) if kw else base
 
 
@@ -248,7 +258,8 @@ _SOURCES = None
 
 
 def predict_variant(name: str, run: Run, base: PerfParams, v: dict) -> dict:
-    if name == "rounds_admission":
+    if name.endswith("rounds_admission"):
+        base = _variant_params(name, base, v, run)
         p = predict_run(run, base)
         rounds = prompts_per_concurrency(run.source)
         if rounds > 1 and run.concurrency > 1:

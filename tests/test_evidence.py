@@ -162,3 +162,20 @@ def test_rounds_admission_weights_the_wave_by_the_clients_rounds(runs):
             assert steady["ttft_ms"] < got["ttft_ms"] < wave["ttft_ms"]
             assert got["ttft_ms"] == pytest.approx(wave["ttft_ms"] / 10 + steady["ttft_ms"] * 0.9)
             assert got["tpot_ms"] == wave["tpot_ms"]
+
+
+def test_amd_efficiency_slows_amd_rows_only(runs):
+    """`amd_eff` at 1 is the committed model; below 1 it slows every AMD row and leaves NVIDIA rows as they are."""
+    from meshplan.catalog.gpus import get_gpu
+
+    amd = [r for r in runs if get_gpu(r.gpu).vendor == "amd"]
+    nvidia = [r for r in runs if get_gpu(r.gpu).vendor == "nvidia"]
+    assert amd and nvidia
+    for r in amd[::4] + nvidia[::8]:
+        base = ev.predict_run(r, FITTED_PARAMS)
+        assert ev.predict_variant("amd_eff", r, FITTED_PARAMS, {"amd": 1.0}) == base
+        slow = ev.predict_variant("amd_eff", r, FITTED_PARAMS, {"amd": 0.5})
+        if r in amd:
+            assert slow["tpot_ms"] > base["tpot_ms"] and slow["tokens_per_s_per_gpu"] < base["tokens_per_s_per_gpu"]
+        else:
+            assert slow == base
