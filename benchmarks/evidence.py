@@ -44,7 +44,8 @@ from accuracy import median, spearman  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "evidence"
 GENERATION = {"a100_sxm_40gb": "ampere", "a100_sxm_80gb": "ampere", "h100_sxm": "hopper",
-              "h200_sxm": "hopper", "b200_sxm": "blackwell", "mi300x": "cdna3", "mi325x": "cdna3",
+              "h200_sxm": "hopper", "b200_sxm": "blackwell", "b300_sxm": "blackwell", "gb200": "blackwell",
+              "gb300": "blackwell", "mi300x": "cdna3", "mi325x": "cdna3",
               "mi355x": "cdna4"}
 METRICS = ("tpot_ms", "ttft_ms", "tokens_per_s_per_gpu")
 
@@ -64,8 +65,9 @@ class Run:
     measured: dict
     spec: bool
     spec_tokens: int = 0            # speculative rows: draft tokens per step (0: the source's run without it)
-    spec_accept_length: float = 1.0  # the source's mean acceptance length (tokens per step)
+    spec_accept_length: float = 1.0  # the source's mean acceptance length (tokens per step); 0: not stated
     stat: str = ""
+    calibration_id: str = ""        # the calibration row that IS this measurement (fitted on: not held out)
 
 
 def load(path: Path = HERE / "runs.csv") -> list[Run]:
@@ -78,10 +80,33 @@ def load(path: Path = HERE / "runs.csv") -> list[Run]:
                        weight_dtype=r["weight_dtype"], kv_dtype=r["kv_dtype"],
                        isl=int(r["isl"]), osl=int(r["osl"]), concurrency=int(r["concurrency"]), measured=measured,
                        spec=r.get("spec_decoding", "no").strip().lower() not in ("", "no", "false"),
-                       spec_tokens=int((r.get("spec_tokens") or "0").strip() or 0),
-                       spec_accept_length=float((r.get("spec_accept_length") or "1").strip() or 1.0),
-                       stat=(r.get("stat") or "").strip()))
+                       # a speculative row that states no draft length: -1 (not priced)
+                       spec_tokens=int((r.get("spec_tokens") or "").strip() or
+                                       (-1 if (r.get("spec_decoding") or "no").strip().lower() not in ("", "no", "false")
+                                        else 0)),
+                       spec_accept_length=float((r.get("spec_accept_length") or "").strip() or
+                                                (1.0 if int((r.get("spec_tokens") or "0").strip() or 0) == 0 else 0.0)),
+                       stat=(r.get("stat") or "").strip(),
+                       calibration_id=(r.get("calibration_id") or "").strip()))
     return out
+
+
+# the engines the model prices (`perf.predict`'s engine argument; NIM and DeepSpeed-MII are priced as vLLM by their
+# modules). A row of another engine (AMD's ATOM in InferenceX) is in runs.csv, as measured, but in no figure.
+PRICED_ENGINES = ("vllm", "sglang", "trtllm")
+
+
+def held_out_runs(every: list[Run]) -> list[Run]:
+    """The rows every held-out figure is computed on: not speculative (priced in their own table), not a
+    calibration measurement (`calibration_id`: the fit saw it), and of an engine the model prices."""
+    return [r for r in every if not r.spec and not r.calibration_id and r.engine in PRICED_ENGINES]
+
+
+def priced_spec_runs(every: list[Run]) -> list[Run]:
+    """The speculative rows MTP can be priced on: of a priced engine, with a stated draft length and, with drafts,
+    a stated acceptance length."""
+    return [r for r in every if r.spec and r.engine in PRICED_ENGINES and r.spec_tokens >= 0
+            and (r.spec_tokens == 0 or r.spec_accept_length > 0)]
 
 
 def suspect_sources(path: Path = HERE / "sources.yaml") -> dict[str, str]:
@@ -92,7 +117,45 @@ def suspect_sources(path: Path = HERE / "sources.yaml") -> dict[str, str]:
     return {k: v["suspect"] for k, v in data.items() if isinstance(v, dict) and v.get("suspect")}
 
 
-def predict_run(run: Run, params: PerfParams) -> dict:
+# ---- held out by model: the calibration fit repeated without the run's model ----------------------------
+#
+# The committed FITTED_PARAMS were fitted on every calibration model, and four of the evidence base's five models
+# have their architecture in the calibration set (DeepSeek-R1 is DeepSeek-V3's architecture, the catalogue gives
+# both the same dimensions; Llama-3.3-70B is Llama-3.1-70B's). A row of those models is held out by SOURCE only.
+# To hold it out by MODEL too, `--refit-lomo` repeats the calibration fit (`calibration.fit`, the procedure that
+# produced FITTED_PARAMS) on the calibration rows of the other architectures and stores the parameters of each
+# fold in lomo_params.json; `Bases` predicts a row with its model's fold. Qwen3-235B-A22B has no calibration
+# family (Qwen3-32B is a dense model of other dimensions): the committed parameters never saw it.
+CALIBRATION_FAMILY = {"deepseek-r1": "deepseek-v3", "deepseek-v3": "deepseek-v3", "llama-3.1-70b": "llama-3.1-70b",
+                      "llama-3.1-8b": "llama-3.1-8b", "gpt-oss-120b": "gpt-oss-120b"}
+LOMO_PARAMS = HERE / "lomo_params.json"
+
+
+class Bases:
+    """The parameters each run is predicted with: its model's leave-one-model-out fold where the calibration set
+    has the model's architecture, else the committed ones."""
+
+    def __init__(self, committed: PerfParams, folds: dict[str, PerfParams]):
+        self.committed, self.folds = committed, folds
+
+    def for_run(self, run: "Run") -> PerfParams:
+        fam = CALIBRATION_FAMILY.get(run.model)
+        return self.folds.get(fam, self.committed) if fam else self.committed
+
+    @classmethod
+    def load(cls, committed: PerfParams, path: Path = LOMO_PARAMS) -> "Bases":
+        import json
+
+        data = json.loads(path.read_text())
+        return cls(committed, {fam: PerfParams(**vals) for fam, vals in data["folds"].items()})
+
+
+def _resolve(params, run: "Run") -> PerfParams:
+    return params.for_run(run) if isinstance(params, Bases) else params
+
+
+def predict_run(run: Run, params) -> dict:
+    params = _resolve(params, run)
     p = predict(get_model(run.model), get_gpu(run.gpu), run.mapping,
                 Workload(isl=run.isl, osl=run.osl), weight_dtype=run.weight_dtype, kv_dtype=run.kv_dtype,
                 engine=run.engine, concurrency=run.concurrency, params=params)
@@ -103,6 +166,7 @@ def predict_spec_run(run: Run, params: PerfParams, with_spec: bool = True) -> di
     """A speculative-decoding row priced with MTP at the source's acceptance length (converted to the per-token
     rate, `types.acceptance_rate_for_length`) or, `with_spec=False`, without it. A `decode-only` row (a
     prefill/decode-disaggregated decode worker) carries no other requests' prompts (interference 0)."""
+    params = _resolve(params, run)
     q = params.with_values(interference=0.0) if run.stat == "decode-only" else params
     spec = None
     if with_spec and run.spec_tokens > 0:
@@ -118,6 +182,9 @@ def speculative_report(runs: list[Run], params: PerfParams) -> list[str]:
     """Lines: every speculative row predicted with MTP priced and without, the median errors of both."""
     out = ["-- speculative decoding (MTP) rows, kept apart: predicted with MTP priced / without / measured " + "-" * 20]
     with_err, without_err = [], []
+    unpriced = [r for r in runs if (r.spec_tokens < 0 or (r.spec_tokens > 0 and r.spec_accept_length <= 0))
+                and "tpot_ms" in r.measured]
+    runs = [r for r in runs if r not in unpriced]
     for r in runs:
         p1, p0 = predict_spec_run(r, params), predict_spec_run(r, params, with_spec=False)
         m = r.measured.get("tpot_ms")
@@ -142,6 +209,13 @@ def speculative_report(runs: list[Run], params: PerfParams) -> list[str]:
     if ratio_err:
         out.append(f"  MTP speed-up against the source's own run without MTP (TPOT ratio, n={len(ratio_err)}): median "
                    f"|err| {median([abs(e) for e in ratio_err]):.1%}, bias {median(ratio_err):+.1%}")
+    if unpriced:
+        # MTP is priced only at a stated draft and acceptance length; these rows state none, so what they show is the measured
+        # speed-up against the model's figure without MTP
+        e0 = [predict_spec_run(r, params, with_spec=False)["tpot_ms"] / r.measured["tpot_ms"] - 1.0 for r in unpriced]
+        out.append(f"  {len(unpriced)} MTP rows state no acceptance length or draft length ({', '.join(sorted({r.source for r in unpriced}))}): "
+                   f"not priced; priced without MTP their TPOT is {median(e0):+.1%} off (median), "
+                   f"{sum(1 for e in e0 if e > 0)} of {len(e0)} over the measured")
     if with_err:
         out.append(f"  MTP rows n={len(with_err)}: TPOT median |err| {median([abs(e) for e in with_err]):.1%} "
                    f"(bias {median(with_err):+.1%}) priced; {median([abs(e) for e in without_err]):.1%} "
@@ -225,7 +299,8 @@ VARIANTS = {
 }
 
 
-def _variant_params(name: str, base: PerfParams, v: dict, run: Run) -> PerfParams:
+def _variant_params(name: str, base, v: dict, run: Run) -> PerfParams:
+    base = _resolve(base, run)
     kw = {}
     if "step" in v:
         kw["iter_ms"] = base.iter_ms + v["step"]
@@ -257,7 +332,8 @@ def _sources() -> dict:
 _SOURCES = None
 
 
-def predict_variant(name: str, run: Run, base: PerfParams, v: dict) -> dict:
+def predict_variant(name: str, run: Run, base, v: dict) -> dict:
+    base = _resolve(base, run)
     if name.endswith("rounds_admission"):
         base = _variant_params(name, base, v, run)
         p = predict_run(run, base)
@@ -312,6 +388,61 @@ def held_out(name: str, runs: list[Run], base: PerfParams, key, *, log=None) -> 
     return out
 
 
+def calibration_overlap(runs_csv: Path, calibration_dir: Path) -> list[dict]:
+    """runs.csv's rows with `calibration_id` set to the calibration row that is the same measurement: same GPU,
+    engine, ISL/OSL and concurrency (the calibration's batch_size, per attention-DP rank or not), aggregated, and
+    TPOT within 0.01 ms or TTFT within 0.1 ms of it (the figures carry many digits, so equal figures are one run).
+    InferenceX-app's fixture and AIConfigurator's silicon database share runs: the calibration rows whose
+    `silicon_data_source` says `db-dump/...` are InferenceX workflow runs."""
+    cal_rows = [c for c in csv.DictReader((calibration_dir / "silicon_calibration.csv").open())
+                if (c.get("mode") or "agg") == "agg"]
+    by_key = defaultdict(list)
+    for c in cal_rows:
+        by_key[(c["system"], c["backend"], c["isl"], c["osl"])].append(c)
+    out = []
+    for r in csv.DictReader(runs_csv.open()):
+        r["calibration_id"] = ""
+        for c in by_key.get((r["gpu"], r["engine"], r["isl"], r["osl"]), []):
+            b, dp = int(c["batch_size"] or 0), int(c["attention_dp_size"] or 1)
+            if int(r["concurrency"]) not in (b, b * dp):
+                continue
+            same_tpot = r["tpot_ms"] and abs(float(c["silicon_tpot_ms"]) - float(r["tpot_ms"])) <= 0.01
+            same_ttft = r["ttft_ms"] and abs(float(c["silicon_ttft_ms"]) - float(r["ttft_ms"])) <= 0.1
+            if same_tpot or same_ttft:
+                r["calibration_id"] = c["id"]
+                break
+        out.append(r)
+    return out
+
+
+def refit_lomo(calibration_dir: Path, iters: int, jobs: int, path: Path = LOMO_PARAMS) -> dict:
+    """Fit the calibration set once per CALIBRATION_FAMILY without that family (the procedure of FITTED_PARAMS,
+    `calibration.fit`) and store each fold's parameters in lomo_params.json."""
+    import datetime
+    import json
+    import multiprocessing
+
+    from accuracy import family
+    from meshplan.planner import calibration as cal
+
+    items = cal.load_scenarios(calibration_dir / "silicon_calibration.csv", calibration_dir / "model_configs",
+                               modes=("agg", "disagg"))
+    fams = sorted(set(CALIBRATION_FAMILY.values()))
+    trains = [[s for r, s, _ in items if s is not None and family(r.get("model_path", "")) != fam] for fam in fams]
+    if jobs > 1:
+        with multiprocessing.Pool(jobs) as pool:
+            fitted = pool.starmap(cal.fit, [(t, None, iters) for t in trains], chunksize=1)
+    else:
+        fitted = [cal.fit(t, iters=iters) for t in trains]
+    data = {"command": f"python benchmarks/evidence.py --refit-lomo --iters {iters} --jobs {jobs}",
+            "date": datetime.date.today().isoformat(),
+            "calibration": f"{calibration_dir}/silicon_calibration.csv ({len(items)} rows)",
+            "folds": {fam: {n: round(getattr(p, n), 6) for n in cal.FIT_NAMES} for fam, p in zip(fams, fitted)},
+            "train_rows": {fam: len(t) for fam, t in zip(fams, trains)}}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=HERE / "runs.csv")
@@ -321,14 +452,41 @@ def main(argv: list[str] | None = None) -> int:
                     help="every variant: leave-one-source-out and leave-one-model-out figures, one line each")
     ap.add_argument("--no-suspect", action="store_true",
                     help="drop the sources sources.yaml marks suspect (from fitting and from the figures)")
+    ap.add_argument("--refit-lomo", action="store_true",
+                    help="refit the calibration set without each evidence model's family; write lomo_params.json")
+    ap.add_argument("--iters", type=int, default=500, help="--refit-lomo: Nelder-Mead iterations per fit")
+    ap.add_argument("--jobs", type=int, default=2, help="--refit-lomo: folds fitted in parallel")
+    ap.add_argument("--find-overlap", action="store_true",
+                    help="rewrite runs.csv's calibration_id column from the calibration set (--calibration)")
+    ap.add_argument("--calibration", type=Path, default=None, help="calibration dir (default ../shared/data/calibration)")
     args = ap.parse_args(argv)
+    if args.refit_lomo or args.find_overlap:
+        from meshplan.planner.calibration import default_data_dir
+
+        cdir = args.calibration or default_data_dir()
+        if args.find_overlap:
+            rows = calibration_overlap(args.data, cdir)
+            names = list(rows[0].keys())
+            with args.data.open("w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=names, lineterminator="\n")
+                w.writeheader()
+                w.writerows(rows)
+            print(f"{sum(1 for r in rows if r['calibration_id'])} of {len(rows)} rows are calibration rows")
+        if args.refit_lomo:
+            data = refit_lomo(cdir, args.iters, args.jobs)
+            print(f"wrote {LOMO_PARAMS}: folds {sorted(data['folds'])}")
+        return 0
     every = load(args.data)
-    runs = [r for r in every if not r.spec]     # speculative decoding runs kept apart (priced in their own table)
+    # a row that is a calibration measurement was fitted on: out of every held-out figure, reported on its own
+    fitted_on = [r for r in every if r.calibration_id and not r.spec]
+    unpriced_engine = [r for r in every if r.engine not in PRICED_ENGINES]
+    # speculative decoding runs kept apart (priced in their own table)
+    runs = held_out_runs(every)
     if args.no_suspect:
         drop = suspect_sources(args.data.parent / "sources.yaml")
         runs = [r for r in runs if r.source not in drop]
         print(f"without the suspect sources {sorted(drop)}")
-    base = FITTED_PARAMS
+    base = Bases.load(FITTED_PARAMS) if LOMO_PARAMS.exists() else FITTED_PARAMS
     if args.variants:
         print(f"{len(runs)} runs, {len({r.source for r in runs})} sources, {len({r.model for r in runs})} models; "
               "per metric: rows, median |err|, bias, Spearman")
@@ -358,7 +516,17 @@ def main(argv: list[str] | None = None) -> int:
             print(_fmt(k, figures(by[k])))
     print("=" * 120)
     print(_fmt("ALL (held out)", figures(pairs)))
-    spec_runs = [r for r in every if r.spec]
+    if isinstance(base, Bases) and not args.variant:
+        print(_fmt("  source only (committed)", figures([(r, predict_run(r, FITTED_PARAMS)) for r in runs])))
+    if fitted_on and not args.variant:
+        print(_fmt("  calibration rows (in-sample)", figures([(r, predict_run(r, FITTED_PARAMS)) for r in fitted_on])))
+        print(f"    {len(fitted_on)} rows are calibration measurements (runs.csv calibration_id; sources "
+              f"{', '.join(sorted({r.source for r in fitted_on}))}): fitted on, so in no held-out figure")
+    if unpriced_engine and not args.variant:
+        print(f"    {len(unpriced_engine)} rows of engines the model does not price "
+              f"({', '.join(sorted({r.engine for r in unpriced_engine}))}; sources "
+              f"{', '.join(sorted({r.source for r in unpriced_engine}))}): in no figure")
+    spec_runs = [r for r in every if r.spec and r.engine in PRICED_ENGINES]
     if spec_runs and not args.variant:
         print("\n".join(speculative_report(spec_runs, base)))
     yml = args.data.parent / "sources.yaml"

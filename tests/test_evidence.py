@@ -1,12 +1,14 @@
 """The second evidence base (benchmarks/evidence.py, issue 20): its held-out figures, its folds, its variants.
 
-The figures are the planner's median absolute errors on public runs outside AIConfigurator's data
-(204 non-speculative runs from 21 sources on 2026-12-01; the first build's 43 runs from 6 sources),
-none of which the committed parameters were fitted on. They are not at issue 20's targets (TPOT
-<= 15%, TTFT <= 30%; docs/evidence.md says where the misses are): these tests hold them where they
-are measured now, so a change to the model that makes them worse fails here. The first build's
-sources keep their own figures (FIRST_BUILD): adding sources changes the whole base's medians, not
-what the model does on the rows it was already checked on.
+The figures are the planner's median absolute errors on public runs outside the calibration fit: 218 rows
+from 26 sources (2026-12-02), each predicted with the parameters of its model's leave-one-model-out fold
+(lomo_params.json: the calibration fit repeated without the model's architecture), and without the rows
+that ARE calibration measurements (runs.csv `calibration_id`: InferenceX-app's fixture and AIConfigurator's
+database share 256 runs). They are not at issue 20's targets (TPOT <= 15%, TTFT <= 30%, tokens/s/GPU <= 15%;
+docs/evidence.md says where the misses are): these tests hold them where they are measured now, so a change
+to the model that makes them worse fails here. The first build's sources keep their own figures
+(FIRST_BUILD): adding sources changes the whole base's medians, not what the model does on the rows it was
+already checked on.
 """
 
 from __future__ import annotations
@@ -16,35 +18,43 @@ import pytest
 from benchmarks import evidence as ev
 from meshplan.planner.calibration import FITTED_PARAMS
 
-# measured with the committed parameters on 2026-12-01 (`python benchmarks/evidence.py`); a regression
-# of more than MARGIN (absolute, in error units) fails
+# measured on 2026-12-02 (`python benchmarks/evidence.py`, its ALL line: every row with its model's
+# leave-one-model-out fold); a regression of more than MARGIN (absolute, in error units) fails
 MARGIN = 0.02
 # the first build's six sources (43 runs): the figures the targets below were set on
 FIRST_BUILD = {"trtllm-perf-overview", "inferencex-870-h200", "inferencex-870-b200", "inferencex-1061-mi300x",
                "tenstorrent-356-h100", "musgrave-a100"}
-MEASURED_FIRST = {"tpot_ms": 0.334, "ttft_ms": 0.377, "tokens_per_s_per_gpu": 0.128}
-MEASURED_FIRST_NO_SUSPECT = {"tpot_ms": 0.093, "ttft_ms": 0.377, "tokens_per_s_per_gpu": 0.128}
-SPEARMAN_FIRST = {"tpot_ms": 0.70, "ttft_ms": 0.83, "tokens_per_s_per_gpu": 0.97}
-# every source (second build: + InferenceX #870 concurrency 4 and #828, the NIM benchmarking page, dstack's
-# DeepSeek-R1 raw results, InferenceX-app's API fixture): 204 runs, 21 sources
-MEASURED = {"tpot_ms": 0.305, "ttft_ms": 0.575, "tokens_per_s_per_gpu": 0.364}
-MEASURED_NO_SUSPECT = {"tpot_ms": 0.299, "ttft_ms": 0.575, "tokens_per_s_per_gpu": 0.365}
-SPEARMAN = {"tpot_ms": 0.83, "ttft_ms": 0.79, "tokens_per_s_per_gpu": 0.92}
+# (with the committed parameters, which saw these models, the first build measured 33.4% / 37.7% / 12.8%)
+MEASURED_FIRST = {"tpot_ms": 0.278, "ttft_ms": 0.392, "tokens_per_s_per_gpu": 0.154}
+MEASURED_FIRST_NO_SUSPECT = {"tpot_ms": 0.123, "ttft_ms": 0.355, "tokens_per_s_per_gpu": 0.154}
+SPEARMAN_FIRST = {"tpot_ms": 0.70, "ttft_ms": 0.81, "tokens_per_s_per_gpu": 0.98}
+# every source: the second build (+ InferenceX #870 concurrency 4 and #828, the NIM benchmarking page, dstack's
+# DeepSeek-R1 raw results, the first 128,000 characters of InferenceX-app's API fixture) and the third (the rest
+# of that fixture): 218 held-out rows, 26 sources
+MEASURED = {"tpot_ms": 0.374, "ttft_ms": 0.567, "tokens_per_s_per_gpu": 0.435}
+MEASURED_NO_SUSPECT = {"tpot_ms": 0.379, "ttft_ms": 0.536, "tokens_per_s_per_gpu": 0.436}
+SPEARMAN = {"tpot_ms": 0.81, "ttft_ms": 0.79, "tokens_per_s_per_gpu": 0.91}
 
 
 @pytest.fixture(scope="module")
 def runs():
-    return [r for r in ev.load() if not r.spec]
+    return ev.held_out_runs(ev.load())
 
 
 @pytest.fixture(scope="module")
-def pairs(runs):
-    return [(r, ev.predict_run(r, FITTED_PARAMS)) for r in runs]
+def bases():
+    return ev.Bases.load(FITTED_PARAMS)
+
+
+@pytest.fixture(scope="module")
+def pairs(runs, bases):
+    """Every held-out row predicted with the parameters of its model's leave-one-model-out fold."""
+    return [(r, ev.predict_run(r, bases)) for r in runs]
 
 
 def test_evidence_base_is_what_the_docs_describe(runs):
-    assert len(runs) >= 204
-    assert len({r.source for r in runs}) >= 21
+    assert len(runs) >= 218
+    assert len({r.source for r in runs}) >= 26
     assert {r.engine for r in runs} >= {"vllm", "sglang", "trtllm"}
     assert len({ev.GENERATION[r.gpu] for r in runs}) >= 5
     assert {r.source for r in runs} >= FIRST_BUILD
@@ -63,8 +73,6 @@ def test_first_build_figures_do_not_regress(pairs):
     for k, was in MEASURED_FIRST.items():
         assert f[k]["mae"] <= was + MARGIN, (k, f[k])
         assert f[k]["spearman"] >= SPEARMAN_FIRST[k] - 0.05, (k, f[k])
-    # tokens/s/GPU is at its target (<= 15%) on the first build's sources and must stay there
-    assert f["tokens_per_s_per_gpu"]["mae"] <= 0.15
 
 
 def test_held_out_figures_without_the_suspect_sources_do_not_regress(pairs):
@@ -76,7 +84,6 @@ def test_held_out_figures_without_the_suspect_sources_do_not_regress(pairs):
     first = ev.figures([(r, p) for r, p in pairs if r.source in FIRST_BUILD and r.source not in suspect])
     for k, was in MEASURED_FIRST_NO_SUSPECT.items():
         assert first[k]["mae"] <= was + MARGIN, (k, first[k])
-    assert first["tpot_ms"]["mae"] <= 0.15      # at the TPOT target on the first build without its suspect source
 
 
 @pytest.mark.parametrize("key", [lambda r: r.source, lambda r: r.model], ids=["source", "model"])
@@ -159,8 +166,9 @@ def test_rounds_admission_weights_the_wave_by_the_clients_rounds(runs):
             assert got == wave
         else:
             steady = ev.predict_variant("steady_admission", r, FITTED_PARAMS, {"ttft": 0.0})
-            assert steady["ttft_ms"] < got["ttft_ms"] < wave["ttft_ms"]
-            assert got["ttft_ms"] == pytest.approx(wave["ttft_ms"] / 10 + steady["ttft_ms"] * 0.9)
+            assert steady["ttft_ms"] <= got["ttft_ms"] <= wave["ttft_ms"]
+            rounds = ev.prompts_per_concurrency(r.source)
+            assert got["ttft_ms"] == pytest.approx(wave["ttft_ms"] / rounds + steady["ttft_ms"] * (1 - 1 / rounds))
             assert got["tpot_ms"] == wave["tpot_ms"]
 
 
@@ -179,3 +187,60 @@ def test_amd_efficiency_slows_amd_rows_only(runs):
             assert slow["tpot_ms"] > base["tpot_ms"] and slow["tokens_per_s_per_gpu"] < base["tokens_per_s_per_gpu"]
         else:
             assert slow == base
+
+
+def test_calibration_measurements_are_in_no_held_out_figure(runs):
+    """InferenceX-app's fixture and the calibration set share runs (AIConfigurator's `db-dump` rows are InferenceX
+    workflow runs): the 34 rows of three sources are calibration rows, named by runs.csv's calibration_id, and
+    are out of every held-out figure."""
+    every = ev.load()
+    fitted_on = [r for r in every if r.calibration_id]
+    assert len(fitted_on) >= 34
+    assert {r.source for r in fitted_on} >= {"ixapp-b200-trt-fp8-2601", "ixapp-b200-trt-fp8-2511", "ixapp-h200-sgl-fp8"}
+    assert all(r.source.startswith("ixapp-") for r in fitted_on)
+    assert not any(r.calibration_id for r in runs)
+    assert all(r in runs for r in every if not r.spec and not r.calibration_id and r.engine in ev.PRICED_ENGINES)
+
+
+def test_the_overlap_finder_matches_one_measurement_only(tmp_path):
+    """`calibration_overlap` names a calibration row as the same run only at the same GPU, engine, ISL/OSL and
+    concurrency with the same TPOT (or TTFT); a row one concurrency step away, or 1% off, is another run."""
+    import csv
+
+    head = "source,model,hf_model,gpu,engine,attn_tp,attn_dp,moe_tp,moe_ep,pp,weight_dtype,kv_dtype,isl,osl,concurrency,ttft_ms,tpot_ms,tokens_per_s_per_gpu"
+    runs_csv = tmp_path / "runs.csv"
+    runs_csv.write_text(head + "\n"
+                        "a,deepseek-r1,x,h200_sxm,sglang,8,1,8,1,1,fp8,bf16,1024,1024,4,259.9,10.293,45.9\n"
+                        "b,deepseek-r1,x,h200_sxm,sglang,8,1,8,1,1,fp8,bf16,1024,1024,8,250.0,12.0,77.0\n"
+                        "c,deepseek-r1,x,h200_sxm,sglang,8,1,8,1,1,fp8,bf16,1024,1024,16,300.0,16.8,116\n")
+    cal = tmp_path / "silicon_calibration.csv"
+    with cal.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["id", "mode", "system", "backend", "isl", "osl", "batch_size", "attention_dp_size",
+                    "silicon_ttft_ms", "silicon_tpot_ms"])
+        w.writerow(["same", "agg", "h200_sxm", "sglang", 1024, 1024, 4, 1, 259.93, 10.2931])
+        w.writerow(["next-step", "agg", "h200_sxm", "sglang", 1024, 1024, 16, 1, 250.0, 12.0])   # conc 16, not 8
+        w.writerow(["one-pct", "agg", "h200_sxm", "sglang", 1024, 1024, 16, 1, 303.0, 16.97])
+    got = {r["source"]: r["calibration_id"] for r in ev.calibration_overlap(runs_csv, tmp_path)}
+    assert got == {"a": "same", "b": "", "c": ""}
+
+
+def test_a_row_of_a_calibrated_architecture_is_predicted_by_the_fold_without_it(bases):
+    """DeepSeek-R1 (DeepSeek-V3's architecture), gpt-oss-120b and the Llamas are in the calibration set: their rows
+    are predicted with lomo_params.json's fold fitted without their family; Qwen3-235B-A22B, which the calibration
+    set lacks, with the committed parameters."""
+    import json
+
+    data = json.loads(ev.LOMO_PARAMS.read_text())
+    assert set(data["folds"]) == set(ev.CALIBRATION_FAMILY.values())
+    assert "--refit-lomo" in data["command"]
+    every = ev.load()
+    by_model = {r.model: r for r in every}
+    for model, fam in ev.CALIBRATION_FAMILY.items():
+        if model in by_model:
+            got = bases.for_run(by_model[model])
+            assert got == ev.PerfParams(**data["folds"][fam]) and got != FITTED_PARAMS
+            assert ev.predict_run(by_model[model], bases) == ev.predict_run(by_model[model], got)
+    assert bases.for_run(by_model["qwen3-235b-a22b"]) is FITTED_PARAMS
+    # each fold trained on fewer rows than the whole calibration set
+    assert all(0 < n < 2046 for n in data["train_rows"].values())

@@ -248,7 +248,7 @@ def test_the_mtp_speed_up_matches_two_published_sources():
     the TPOT ratio with MTP over the same source's run without it is predicted within 10% on every row (median
     2.3%), while the same rows priced without MTP miss by 7-45%."""
     ev = _evidence()
-    runs = [r for r in ev.load() if r.spec]
+    runs = ev.priced_spec_runs(ev.load())
     assert len({r.source for r in runs}) >= 2 and sum(r.spec_tokens > 0 for r in runs) >= 7
     base = {r.source: (ev.predict_spec_run(r, FITTED_PARAMS)["tpot_ms"], r.measured["tpot_ms"])
             for r in runs if r.spec_tokens == 0}
