@@ -1,22 +1,26 @@
-"""The planner on a second, independent evidence base: public measurements outside AIConfigurator's data.
+"""The planner on a second evidence base: public measurements from sources other than the calibration set.
 
-    python benchmarks/evidence.py                  # committed parameters, per source / model / engine / GPU
+    python benchmarks/evidence.py                  # held-out figures per source / model / engine / GPU
     python benchmarks/evidence.py --rows           # also every row, predicted against measured
     python benchmarks/evidence.py --variant NAME   # a candidate model term (see VARIANTS), fitted
                                                    # leave-one-source-out and leave-one-model-out
     python benchmarks/evidence.py --variants       # every candidate, both folds, one line each
     python benchmarks/evidence.py --no-suspect     # without the sources sources.yaml marks suspect
+    python benchmarks/evidence.py --find-overlap   # rewrite runs.csv's calibration_id from the calibration set
+    python benchmarks/evidence.py --refit-lomo --iters 500 --jobs 2   # rewrite lomo_params.json (3 min)
 
 Data: benchmarks/evidence/runs.csv (one measured point a row) and sources.yaml (where each source's
 figures were read, engine and version, benchmark client, how its figures are defined). Issue 20, build 1.
 
-Every row is held out by construction: the committed `FITTED_PARAMS` were fitted on the AIConfigurator
-calibration set only, so every source and every model here is one the fit never saw; the per-source
-table IS the leave-one-source-out figure for the committed model, and the per-model table its
-leave-one-model-out figure. A `--variant` adds a term with its own constant(s), which is fitted on the
-OTHER sources' (models') rows and reported on the held-out source (model): true leave-one-source-out
-and leave-one-model-out. Sources marked `suspect:` in sources.yaml stay in every headline figure;
-the figure without them is printed on its own line.
+Held out by source AND model (corrected 2026-12-02; docs/evidence.md): a row that IS a calibration measurement
+(runs.csv `calibration_id`, written by `--find-overlap`: InferenceX runs that AIConfigurator's database also
+holds) is in no held-out figure, and a row of a model whose architecture the calibration set has is predicted
+with the calibration fit repeated without that architecture (`--refit-lomo` -> lomo_params.json, `Bases`). So
+the per-source table is the leave-one-source-out figure and the per-model table the leave-one-model-out figure
+of the model as committed. A `--variant` adds a term with its own constant(s), which is fitted on the OTHER
+sources' (models') rows and reported on the held-out source (model). Sources marked `suspect:` in sources.yaml
+stay in every headline figure; the figure without them is printed on its own line. Rows of engines the model
+does not price (ATOM) and speculative rows without a stated draft and acceptance length are reported, not priced.
 
 Figures (median over rows that have the figure): TPOT, TTFT and tokens/s/GPU median absolute relative
 error, bias (median signed error), Spearman rank correlation. `tokens/s/GPU` for throughput-only rows
@@ -294,8 +298,11 @@ VARIANTS = {
     # rates the NVIDIA-fitted efficiencies give (GEMM, weight and KV streaming, collectives); one constant, no
     # per-product or per-source value. NVIDIA rows keep f = 1 (the calibration set is NVIDIA silicon)
     "amd_eff": _grid(amd=(0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 1.0)),
+    # the same on the decode side only (weight and KV streaming, collectives, the per-layer fixed cost), GEMM
+    # rates as fitted: prefill on AMD is not measured slower than predicted (TTFT bias -15% on CDNA4)
+    "amd_decode_eff": _grid(amd_decode=(0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 1.0)),
     # the same with admission by benchmark round
-    "amd_eff+rounds_admission": _grid(amd=(0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 1.0)),
+    "amd_eff+rounds": _grid(amd=(0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 1.0)),
 }
 
 
@@ -312,6 +319,10 @@ def _variant_params(name: str, base, v: dict, run: Run) -> PerfParams:
         f = v["amd"]
         kw.update(gemm_eff=base.gemm_eff * f, mem_eff=base.mem_eff * f, attn_eff=base.attn_eff * f,
                   comm_eff=base.comm_eff * f)
+    if "amd_decode" in v and get_gpu(run.gpu).vendor == "amd":
+        f = v["amd_decode"]
+        kw.update(mem_eff=base.mem_eff * f, attn_eff=base.attn_eff * f, comm_eff=base.comm_eff * f,
+                  layer_us=base.layer_us / f)
     return base.with_values(**kw) if kw else base
 
 
@@ -334,7 +345,7 @@ _SOURCES = None
 
 def predict_variant(name: str, run: Run, base, v: dict) -> dict:
     base = _resolve(base, run)
-    if name.endswith("rounds_admission"):
+    if name == "rounds_admission" or name.endswith("+rounds"):
         base = _variant_params(name, base, v, run)
         p = predict_run(run, base)
         rounds = prompts_per_concurrency(run.source)
@@ -436,7 +447,7 @@ def refit_lomo(calibration_dir: Path, iters: int, jobs: int, path: Path = LOMO_P
         fitted = [cal.fit(t, iters=iters) for t in trains]
     data = {"command": f"python benchmarks/evidence.py --refit-lomo --iters {iters} --jobs {jobs}",
             "date": datetime.date.today().isoformat(),
-            "calibration": f"{calibration_dir}/silicon_calibration.csv ({len(items)} rows)",
+            "calibration": f"silicon_calibration.csv ({len(items)} rows)",
             "folds": {fam: {n: round(getattr(p, n), 6) for n in cal.FIT_NAMES} for fam, p in zip(fams, fitted)},
             "train_rows": {fam: len(t) for fam, t in zip(fams, trains)}}
     path.write_text(json.dumps(data, indent=1) + "\n")
@@ -503,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
             print(_fmt(f"{title[:26]}", figures(held)))
         pairs = held_out(args.variant, runs, base, lambda r: r.source)
     print(f"{len(runs)} runs from {len({r.source for r in runs})} sources "
-          f"({'variant ' + args.variant + ', leave-one-source-out' if args.variant else 'committed parameters'}); "
+          f"({'variant ' + args.variant + ', leave-one-source-out' if args.variant else 'held out by source and model'}); "
           "per metric: rows, median |err|, bias, Spearman")
     groups = (("source", lambda r: r.source), ("model", lambda r: r.model), ("engine", lambda r: r.engine),
               ("GPU generation", lambda r: GENERATION.get(r.gpu, r.gpu)))

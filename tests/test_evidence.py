@@ -179,14 +179,16 @@ def test_amd_efficiency_slows_amd_rows_only(runs):
     amd = [r for r in runs if get_gpu(r.gpu).vendor == "amd"]
     nvidia = [r for r in runs if get_gpu(r.gpu).vendor == "nvidia"]
     assert amd and nvidia
-    for r in amd[::4] + nvidia[::8]:
-        base = ev.predict_run(r, FITTED_PARAMS)
-        assert ev.predict_variant("amd_eff", r, FITTED_PARAMS, {"amd": 1.0}) == base
-        slow = ev.predict_variant("amd_eff", r, FITTED_PARAMS, {"amd": 0.5})
-        if r in amd:
-            assert slow["tpot_ms"] > base["tpot_ms"] and slow["tokens_per_s_per_gpu"] < base["tokens_per_s_per_gpu"]
-        else:
-            assert slow == base
+    for name, key in (("amd_eff", "amd"), ("amd_decode_eff", "amd_decode")):
+        for r in amd[::4] + nvidia[::8]:
+            base = ev.predict_run(r, FITTED_PARAMS)
+            assert ev.predict_variant(name, r, FITTED_PARAMS, {key: 1.0}) == base
+            slow = ev.predict_variant(name, r, FITTED_PARAMS, {key: 0.5})
+            if r in amd:
+                assert slow["tpot_ms"] > base["tpot_ms"]
+                assert slow["tokens_per_s_per_gpu"] < base["tokens_per_s_per_gpu"]
+            else:
+                assert slow == base
 
 
 def test_calibration_measurements_are_in_no_held_out_figure(runs):
