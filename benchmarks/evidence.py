@@ -399,6 +399,116 @@ def held_out(name: str, runs: list[Run], base: PerfParams, key, *, log=None) -> 
     return out
 
 
+# ---- disaggregated rows (InferenceX's multi-node prefill/decode runs) --------------------------------------
+#
+# disagg_runs.csv: one measured point of a prefill/decode-disaggregated deployment a row: the prefill and decode
+# workers' layouts and counts as the fixture names them, the total concurrency, mean TTFT and TPOT, and output
+# tokens/s per DECODE GPU (the fixture divides output throughput by the decode pool, input by the prefill pool:
+# both identities hold on every row). Predicted with `perf.predict_disagg`; its tokens/s per GPU (all GPUs) is
+# converted to per decode GPU. Rows whose layout fields do not add up to the GPU counts (`layout_consistent` no:
+# worker counts 0, or TP 1 with attention DP that hides the DP size) and speculative rows are in no figure.
+
+
+@dataclass(frozen=True)
+class DisaggRun:
+    source: str
+    model: str
+    gpu: str
+    engine: str
+    prefill: ReplicaMapping
+    decode: ReplicaMapping
+    prefill_workers: int
+    decode_workers: int
+    weight_dtype: str
+    kv_dtype: str
+    isl: int
+    osl: int
+    concurrency: int
+    measured: dict
+    spec: bool
+    consistent: bool
+    calibration_id: str = ""
+
+
+DISAGG = HERE / "disagg_runs.csv"
+
+
+def load_disagg(path: Path = DISAGG) -> list[DisaggRun]:
+    out = []
+    for r in csv.DictReader(path.open()):
+        def m(side):
+            return ReplicaMapping(attn_tp=int(r[f"{side}_attn_tp"]), attn_dp=int(r[f"{side}_attn_dp"]),
+                                  moe_tp=int(r[f"{side}_moe_tp"]), moe_ep=int(r[f"{side}_moe_ep"]))
+        measured = {"ttft_ms": float(r["ttft_ms"]), "tpot_ms": float(r["tpot_ms"]),
+                    "tokens_per_s_per_gpu": float(r["tokens_per_s_per_decode_gpu"])}
+        out.append(DisaggRun(source=r["source"], model=r["model"], gpu=r["gpu"], engine=r["engine"],
+                             prefill=m("prefill"), decode=m("decode"), prefill_workers=int(r["prefill_workers"]),
+                             decode_workers=int(r["decode_workers"]), weight_dtype=r["weight_dtype"],
+                             kv_dtype=r["kv_dtype"], isl=int(r["isl"]), osl=int(r["osl"]),
+                             concurrency=int(r["concurrency"]), measured=measured,
+                             spec=(r["spec_decoding"] or "no").strip().lower() not in ("", "no", "false"),
+                             consistent=r["layout_consistent"] == "yes", calibration_id=r["calibration_id"].strip()))
+    return out
+
+
+def held_out_disagg(every: list[DisaggRun]) -> list[DisaggRun]:
+    """The disaggregated rows the figures are computed on: layout fields consistent, not speculative, KV dtype
+    known, not a calibration measurement."""
+    return [r for r in every if r.consistent and not r.spec and r.kv_dtype in ("fp8", "bf16", "fp16")
+            and not r.calibration_id]
+
+
+def predict_disagg_run(run: DisaggRun, params) -> dict | None:
+    """TTFT, TPOT and output tokens/s per decode GPU; None where the model cannot place the layout (memory)."""
+    from meshplan.planner.perf import predict_disagg
+
+    params = params.for_run(run) if isinstance(params, Bases) else params
+    try:
+        p = predict_disagg(get_model(run.model), get_gpu(run.gpu), run.prefill, run.decode,
+                           Workload(isl=run.isl, osl=run.osl), weight_dtype=run.weight_dtype, kv_dtype=run.kv_dtype,
+                           concurrency=run.concurrency, prefill_workers=run.prefill_workers,
+                           decode_workers=run.decode_workers, engine=run.engine, params=params)
+    except ValueError:
+        return None
+    gpus = run.prefill_workers * run.prefill.gpus + run.decode_workers * run.decode.gpus
+    return {"ttft_ms": p.ttft_ms, "tpot_ms": p.tpot_ms,
+            "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu * gpus / (run.decode_workers * run.decode.gpus)}
+
+
+def disagg_report(params) -> list[str]:
+    """Lines: the disaggregated rows per source and ALL (held out), and how many rows are out of the figures."""
+    if not DISAGG.exists():
+        return []
+    every = load_disagg()
+    held = held_out_disagg(every)
+    pairs, unplaced = [], 0
+    for r in held:
+        p = predict_disagg_run(r, params)
+        if p is None:
+            unplaced += 1
+        else:
+            pairs.append((r, p))
+    out = ["-- disaggregated rows (prefill/decode workers; tokens/s per DECODE GPU), held out by source and model "
+           + "-" * 10]
+    by = defaultdict(list)
+    for r, p in pairs:
+        by[r.source].append((r, p))
+    for k in sorted(by):
+        out.append(_fmt(k[len("ixapp-disagg-"):] if k.startswith("ixapp-disagg-") else k, figures(by[k])))
+    out.append(_fmt("ALL disaggregated", figures(pairs)))
+    suspect = suspect_sources()
+    out.append(_fmt("  without suspect sources", figures([(r, p) for r, p in pairs if r.source not in suspect])))
+    cal = [r for r in every if r.calibration_id and r.consistent and not r.spec and r.kv_dtype != "unknown"]
+    cal_pairs = [(r, p) for r in cal if (p := predict_disagg_run(r, FITTED_PARAMS)) is not None]
+    if cal_pairs:
+        out.append(_fmt("  calibration rows (in-sample)", figures(cal_pairs)))
+    out.append(f"    {len(every)} rows: {len(held)} held out ({unplaced} the model cannot place: memory), "
+               f"{sum(1 for r in every if r.calibration_id)} calibration rows, "
+               f"{sum(1 for r in every if r.spec)} speculative, {sum(1 for r in every if not r.consistent)} with "
+               f"layout fields that do not add up, {sum(1 for r in every if r.kv_dtype == 'unknown')} of unknown KV dtype")
+    return out
+
+
 def calibration_overlap(runs_csv: Path, calibration_dir: Path) -> list[dict]:
     """runs.csv's rows with `calibration_id` set to the calibration row that is the same measurement: same GPU,
     engine, ISL/OSL and concurrency (the calibration's batch_size, per attention-DP rank or not), aggregated, and
@@ -424,6 +534,34 @@ def calibration_overlap(runs_csv: Path, calibration_dir: Path) -> list[dict]:
                 break
         out.append(r)
     return out
+
+
+def calibration_overlap_disagg(runs_csv: Path, calibration_dir: Path) -> list[dict]:
+    """disagg_runs.csv's rows with `calibration_id` set to the disaggregated calibration row with the same GPU,
+    engine and ISL/OSL and both the same TPOT (within 0.01 ms) and TTFT (within 0.1 ms): those rows do not name a
+    batch size to match on, so both figures must agree."""
+    cal_rows = [c for c in csv.DictReader((calibration_dir / "silicon_calibration.csv").open())
+                if (c.get("mode") or "") == "disagg"]
+    by_key = defaultdict(list)
+    for c in cal_rows:
+        by_key[(c["system"], c["backend"], c["isl"], c["osl"])].append(c)
+    out = []
+    for r in csv.DictReader(runs_csv.open()):
+        r["calibration_id"] = ""
+        for c in by_key.get((r["gpu"], r["engine"], r["isl"], r["osl"]), []):
+            if (abs(float(c["silicon_tpot_ms"]) - float(r["tpot_ms"])) <= 0.01
+                    and abs(float(c["silicon_ttft_ms"]) - float(r["ttft_ms"])) <= 0.1):
+                r["calibration_id"] = c["id"]
+                break
+        out.append(r)
+    return out
+
+
+def _rewrite(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
 
 
 def refit_lomo(calibration_dir: Path, iters: int, jobs: int, path: Path = LOMO_PARAMS) -> dict:
@@ -477,12 +615,13 @@ def main(argv: list[str] | None = None) -> int:
         cdir = args.calibration or default_data_dir()
         if args.find_overlap:
             rows = calibration_overlap(args.data, cdir)
-            names = list(rows[0].keys())
-            with args.data.open("w", newline="") as fh:
-                w = csv.DictWriter(fh, fieldnames=names, lineterminator="\n")
-                w.writeheader()
-                w.writerows(rows)
+            _rewrite(args.data, rows)
             print(f"{sum(1 for r in rows if r['calibration_id'])} of {len(rows)} rows are calibration rows")
+            if DISAGG.exists():
+                rows = calibration_overlap_disagg(DISAGG, cdir)
+                _rewrite(DISAGG, rows)
+                print(f"{sum(1 for r in rows if r['calibration_id'])} of {len(rows)} disaggregated rows are "
+                      "calibration rows")
         if args.refit_lomo:
             data = refit_lomo(cdir, args.iters, args.jobs)
             print(f"wrote {LOMO_PARAMS}: folds {sorted(data['folds'])}")
@@ -537,6 +676,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    {len(unpriced_engine)} rows of engines the model does not price "
               f"({', '.join(sorted({r.engine for r in unpriced_engine}))}; sources "
               f"{', '.join(sorted({r.source for r in unpriced_engine}))}): in no figure")
+    if not args.variant and args.data == HERE / "runs.csv":
+        print("\n".join(disagg_report(base)))
     spec_runs = [r for r in every if r.spec and r.engine in PRICED_ENGINES]
     if spec_runs and not args.variant:
         print("\n".join(speculative_report(spec_runs, base)))

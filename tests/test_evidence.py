@@ -246,3 +246,75 @@ def test_a_row_of_a_calibrated_architecture_is_predicted_by_the_fold_without_it(
     assert bases.for_run(by_model["qwen3-235b-a22b"]) is FITTED_PARAMS
     # each fold trained on fewer rows than the whole calibration set
     assert all(0 < n < 2046 for n in data["train_rows"].values())
+
+
+# ---- disaggregated rows (InferenceX-app's multi-node prefill/decode runs) ---------------------------------------
+
+def test_disaggregated_rows_add_up_to_their_gpu_counts():
+    """A consistent row's workers x layout GPUs are the fixture's prefill and decode GPU counts; the figures take only
+    consistent, non-speculative rows of a known KV dtype that are not calibration measurements."""
+    import csv
+
+    rows = list(csv.DictReader(ev.DISAGG.open()))
+    every = ev.load_disagg()
+    assert len(every) == len(rows) >= 1000
+    for r, row in zip(every, rows):
+        assert r.measured["tpot_ms"] == float(row["tpot_ms"])
+        if r.consistent:
+            assert r.prefill_workers * r.prefill.gpus == int(row["num_prefill_gpu"])
+            assert r.decode_workers * r.decode.gpus == int(row["num_decode_gpu"])
+    held = ev.held_out_disagg(every)
+    assert len(held) >= 200
+    for r in held:
+        assert r.consistent and not r.spec and not r.calibration_id and r.kv_dtype in ("fp8", "bf16")
+
+
+def test_disaggregated_throughput_is_compared_per_decode_gpu(bases):
+    """The fixture divides output tokens/s by the decode pool: the prediction (per GPU of both pools) is converted
+    by all GPUs / decode GPUs, and TTFT and TPOT are predict_disagg's own."""
+    from meshplan.catalog.gpus import get_gpu
+    from meshplan.catalog.models import get_model
+    from meshplan.planner.perf import predict_disagg
+    from meshplan.planner.types import Workload
+
+    r = ev.held_out_disagg(ev.load_disagg())[0]
+    got = ev.predict_disagg_run(r, bases)
+    p = predict_disagg(get_model(r.model), get_gpu(r.gpu), r.prefill, r.decode, Workload(isl=r.isl, osl=r.osl),
+                       weight_dtype=r.weight_dtype, kv_dtype=r.kv_dtype, concurrency=r.concurrency,
+                       prefill_workers=r.prefill_workers, decode_workers=r.decode_workers, engine=r.engine,
+                       params=bases.for_run(r))
+    gpus = r.prefill_workers * r.prefill.gpus + r.decode_workers * r.decode.gpus
+    assert got["tpot_ms"] == p.tpot_ms and got["ttft_ms"] == p.ttft_ms
+    assert got["tokens_per_s_per_gpu"] == pytest.approx(p.tokens_per_s_per_gpu * gpus / (r.decode_workers * r.decode.gpus))
+    assert gpus > r.decode_workers * r.decode.gpus
+
+
+def test_disaggregated_overlap_needs_both_figures(tmp_path):
+    """A disaggregated calibration row names no batch size, so a row is the same run only when TPOT AND TTFT agree."""
+    import csv
+
+    runs_csv = tmp_path / "disagg.csv"
+    runs_csv.write_text("source,gpu,engine,isl,osl,ttft_ms,tpot_ms\n"
+                        "a,gb200,trtllm,1024,1024,1196.836,11.473\n"
+                        "b,gb200,trtllm,1024,1024,1500.0,11.473\n")
+    with (tmp_path / "silicon_calibration.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["id", "mode", "system", "backend", "isl", "osl", "silicon_ttft_ms", "silicon_tpot_ms"])
+        w.writerow(["same", "disagg", "gb200", "trtllm", 1024, 1024, 1196.8362, 11.4731])
+    got = {r["source"]: r["calibration_id"] for r in ev.calibration_overlap_disagg(runs_csv, tmp_path)}
+    assert got == {"a": "same", "b": ""}
+
+
+# measured on 2026-12-02 (`python benchmarks/evidence.py`, its "ALL disaggregated" line: 260 held-out rows)
+MEASURED_DISAGG = {"tpot_ms": 0.239, "ttft_ms": 0.580, "tokens_per_s_per_gpu": 0.302}
+SPEARMAN_DISAGG = {"tpot_ms": 0.90, "ttft_ms": 0.75, "tokens_per_s_per_gpu": 0.99}
+
+
+def test_disaggregated_held_out_figures_do_not_regress(bases):
+    held = ev.held_out_disagg(ev.load_disagg())
+    pairs = [(r, p) for r in held if (p := ev.predict_disagg_run(r, bases)) is not None]
+    assert len(pairs) == len(held)          # every held-out layout fits the model's memory accounting
+    f = ev.figures(pairs)
+    for k, was in MEASURED_DISAGG.items():
+        assert f[k]["mae"] <= was + MARGIN, (k, f[k])
+        assert f[k]["spearman"] >= SPEARMAN_DISAGG[k] - 0.05, (k, f[k])
