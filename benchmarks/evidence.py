@@ -301,6 +301,12 @@ VARIANTS = {
     # the same on the decode side only (weight and KV streaming, collectives, the per-layer fixed cost), GEMM
     # rates as fitted: prefill on AMD is not measured slower than predicted (TTFT bias -15% on CDNA4)
     "amd_decode_eff": _grid(amd_decode=(0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 1.0)),
+    # engine steps a request waits around its prefill (`ttft_iters`, 7.5 as fitted on the calibration set) refitted on
+    # the evidence: TTFT follows the step time through it, and the AMD rows show a slower step without a slower
+    # first token
+    "ttft_iters": _grid(ttft_iters=(0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.5)),
+    # the AMD share with it
+    "amd_eff+ttft_iters": _grid(amd=(0.4, 0.5, 0.55, 0.6, 0.7, 0.8, 1.0), ttft_iters=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.5)),
     # the same with admission by benchmark round
     "amd_eff+rounds": _grid(amd=(0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 1.0)),
 }
@@ -319,6 +325,8 @@ def _variant_params(name: str, base, v: dict, run: Run) -> PerfParams:
         f = v["amd"]
         kw.update(gemm_eff=base.gemm_eff * f, mem_eff=base.mem_eff * f, attn_eff=base.attn_eff * f,
                   comm_eff=base.comm_eff * f)
+    if "ttft_iters" in v:
+        kw["ttft_iters"] = v["ttft_iters"]
     if "amd_decode" in v and get_gpu(run.gpu).vendor == "amd":
         f = v["amd_decode"]
         kw.update(mem_eff=base.mem_eff * f, attn_eff=base.attn_eff * f, comm_eff=base.comm_eff * f,
