@@ -55,12 +55,12 @@ METRICS = ("tpot_ms", "ttft_ms", "tokens_per_s_per_gpu")
 
 
 @dataclass(frozen=True)
-class Run:
+class Measured:
+    """What every evidence row has: where it was measured, its conditions and its figures."""
     source: str
     model: str
     gpu: str
     engine: str
-    mapping: ReplicaMapping
     weight_dtype: str
     kv_dtype: str
     isl: int
@@ -68,6 +68,11 @@ class Run:
     concurrency: int
     measured: dict
     spec: bool
+
+
+@dataclass(frozen=True)
+class Run(Measured):
+    mapping: ReplicaMapping
     spec_tokens: int = 0            # speculative rows: draft tokens per step (0: the source's run without it)
     spec_accept_length: float = 1.0  # the source's mean acceptance length (tokens per step); 0: not stated
     stat: str = ""
@@ -418,22 +423,11 @@ def held_out(name: str, runs: list[Run], base: PerfParams, key, *, log=None) -> 
 
 
 @dataclass(frozen=True)
-class DisaggRun:
-    source: str
-    model: str
-    gpu: str
-    engine: str
+class DisaggRun(Measured):
     prefill: ReplicaMapping
     decode: ReplicaMapping
     prefill_workers: int
     decode_workers: int
-    weight_dtype: str
-    kv_dtype: str
-    isl: int
-    osl: int
-    concurrency: int
-    measured: dict
-    spec: bool
     consistent: bool
     calibration_id: str = ""
 
@@ -517,52 +511,48 @@ def disagg_report(params) -> list[str]:
     return out
 
 
-def calibration_overlap(runs_csv: Path, calibration_dir: Path) -> list[dict]:
-    """runs.csv's rows with `calibration_id` set to the calibration row that is the same measurement: same GPU,
-    engine, ISL/OSL and concurrency (the calibration's batch_size, per attention-DP rank or not), aggregated, and
-    TPOT within 0.01 ms or TTFT within 0.1 ms of it (the figures carry many digits, so equal figures are one run).
-    InferenceX-app's fixture and AIConfigurator's silicon database share runs: the calibration rows whose
-    `silicon_data_source` says `db-dump/...` are InferenceX workflow runs."""
+def _same_agg(r: dict, c: dict) -> bool:
+    """An aggregated row and a calibration row are one run: same concurrency (the calibration's batch_size, per
+    attention-DP rank or not), and TPOT within 0.01 ms or TTFT within 0.1 ms (the figures carry many digits)."""
+    b, dp = int(c["batch_size"] or 0), int(c["attention_dp_size"] or 1)
+    if int(r["concurrency"]) not in (b, b * dp):
+        return False
+    same_tpot = r["tpot_ms"] and abs(float(c["silicon_tpot_ms"]) - float(r["tpot_ms"])) <= 0.01
+    same_ttft = r["ttft_ms"] and abs(float(c["silicon_ttft_ms"]) - float(r["ttft_ms"])) <= 0.1
+    return bool(same_tpot or same_ttft)
+
+
+def _same_disagg(r: dict, c: dict) -> bool:
+    """A disaggregated calibration row names no batch size to match on, so both TPOT and TTFT must agree."""
+    return (abs(float(c["silicon_tpot_ms"]) - float(r["tpot_ms"])) <= 0.01
+            and abs(float(c["silicon_ttft_ms"]) - float(r["ttft_ms"])) <= 0.1)
+
+
+def _overlap(runs_csv: Path, calibration_dir: Path, mode: str, same) -> list[dict]:
     cal_rows = [c for c in csv.DictReader((calibration_dir / "silicon_calibration.csv").open())
-                if (c.get("mode") or "agg") == "agg"]
+                if (c.get("mode") or "agg") == mode]
     by_key = defaultdict(list)
     for c in cal_rows:
         by_key[(c["system"], c["backend"], c["isl"], c["osl"])].append(c)
     out = []
     for r in csv.DictReader(runs_csv.open()):
-        r["calibration_id"] = ""
-        for c in by_key.get((r["gpu"], r["engine"], r["isl"], r["osl"]), []):
-            b, dp = int(c["batch_size"] or 0), int(c["attention_dp_size"] or 1)
-            if int(r["concurrency"]) not in (b, b * dp):
-                continue
-            same_tpot = r["tpot_ms"] and abs(float(c["silicon_tpot_ms"]) - float(r["tpot_ms"])) <= 0.01
-            same_ttft = r["ttft_ms"] and abs(float(c["silicon_ttft_ms"]) - float(r["ttft_ms"])) <= 0.1
-            if same_tpot or same_ttft:
-                r["calibration_id"] = c["id"]
-                break
+        r["calibration_id"] = next((c["id"] for c in by_key.get((r["gpu"], r["engine"], r["isl"], r["osl"]), [])
+                                    if same(r, c)), "")
         out.append(r)
     return out
+
+
+def calibration_overlap(runs_csv: Path, calibration_dir: Path) -> list[dict]:
+    """runs.csv's rows with `calibration_id` set to the aggregated calibration row that is the same measurement:
+    same GPU, engine and ISL/OSL, and `_same_agg`. InferenceX-app's fixture and AIConfigurator's silicon database
+    share runs: the calibration rows whose `silicon_data_source` says `db-dump/...` are InferenceX workflow runs."""
+    return _overlap(runs_csv, calibration_dir, "agg", _same_agg)
 
 
 def calibration_overlap_disagg(runs_csv: Path, calibration_dir: Path) -> list[dict]:
     """disagg_runs.csv's rows with `calibration_id` set to the disaggregated calibration row with the same GPU,
-    engine and ISL/OSL and both the same TPOT (within 0.01 ms) and TTFT (within 0.1 ms): those rows do not name a
-    batch size to match on, so both figures must agree."""
-    cal_rows = [c for c in csv.DictReader((calibration_dir / "silicon_calibration.csv").open())
-                if (c.get("mode") or "") == "disagg"]
-    by_key = defaultdict(list)
-    for c in cal_rows:
-        by_key[(c["system"], c["backend"], c["isl"], c["osl"])].append(c)
-    out = []
-    for r in csv.DictReader(runs_csv.open()):
-        r["calibration_id"] = ""
-        for c in by_key.get((r["gpu"], r["engine"], r["isl"], r["osl"]), []):
-            if (abs(float(c["silicon_tpot_ms"]) - float(r["tpot_ms"])) <= 0.01
-                    and abs(float(c["silicon_ttft_ms"]) - float(r["ttft_ms"])) <= 0.1):
-                r["calibration_id"] = c["id"]
-                break
-        out.append(r)
-    return out
+    engine and ISL/OSL and `_same_disagg` (both the same TPOT and TTFT)."""
+    return _overlap(runs_csv, calibration_dir, "disagg", _same_disagg)
 
 
 def _rewrite(path: Path, rows: list[dict]) -> None:
