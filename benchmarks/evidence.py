@@ -79,22 +79,28 @@ class Run(Measured):
     calibration_id: str = ""        # the calibration row that IS this measurement (fitted on: not held out)
 
 
+def _is_spec(value: str | None) -> bool:
+    """A row's `spec_decoding` cell: anything but empty / no / false is a speculative-decoding run."""
+    return (value or "no").strip().lower() not in ("", "no", "false")
+
+
 def load(path: Path = HERE / "runs.csv") -> list[Run]:
     out = []
     for r in csv.DictReader(path.open()):
         measured = {k: float(r[k]) for k in METRICS if (r.get(k) or "").strip()}
+        spec = _is_spec(r.get("spec_decoding"))
+        # a speculative row that states no draft length: -1 (not priced); no acceptance length: 1 without drafts,
+        # else 0 (not stated, not priced)
+        tokens = (r.get("spec_tokens") or "").strip()
+        spec_tokens = int(tokens) if tokens else (-1 if spec else 0)
+        accept = (r.get("spec_accept_length") or "").strip()
         mapping = ReplicaMapping(attn_tp=int(r["attn_tp"]), attn_dp=int(r["attn_dp"]), moe_tp=int(r["moe_tp"]),
                                  moe_ep=int(r["moe_ep"]), pp=int(r["pp"]))
         out.append(Run(source=r["source"], model=r["model"], gpu=r["gpu"], engine=r["engine"], mapping=mapping,
                        weight_dtype=r["weight_dtype"], kv_dtype=r["kv_dtype"],
                        isl=int(r["isl"]), osl=int(r["osl"]), concurrency=int(r["concurrency"]), measured=measured,
-                       spec=r.get("spec_decoding", "no").strip().lower() not in ("", "no", "false"),
-                       # a speculative row that states no draft length: -1 (not priced)
-                       spec_tokens=int((r.get("spec_tokens") or "").strip() or
-                                       (-1 if (r.get("spec_decoding") or "no").strip().lower() not in ("", "no", "false")
-                                        else 0)),
-                       spec_accept_length=float((r.get("spec_accept_length") or "").strip() or
-                                                (1.0 if int((r.get("spec_tokens") or "0").strip() or 0) == 0 else 0.0)),
+                       spec=spec, spec_tokens=spec_tokens,
+                       spec_accept_length=float(accept) if accept else (1.0 if spec_tokens <= 0 else 0.0),
                        stat=(r.get("stat") or "").strip(),
                        calibration_id=(r.get("calibration_id") or "").strip()))
     return out
@@ -448,23 +454,26 @@ def load_disagg(path: Path = DISAGG) -> list[DisaggRun]:
                              decode_workers=int(r["decode_workers"]), weight_dtype=r["weight_dtype"],
                              kv_dtype=r["kv_dtype"], isl=int(r["isl"]), osl=int(r["osl"]),
                              concurrency=int(r["concurrency"]), measured=measured,
-                             spec=(r["spec_decoding"] or "no").strip().lower() not in ("", "no", "false"),
+                             spec=_is_spec(r["spec_decoding"]),
                              consistent=r["layout_consistent"] == "yes", calibration_id=r["calibration_id"].strip()))
     return out
 
 
+def _priceable(r: DisaggRun) -> bool:
+    """Layout fields consistent, not speculative, KV dtype known."""
+    return r.consistent and not r.spec and r.kv_dtype in ("fp8", "bf16", "fp16")
+
+
 def held_out_disagg(every: list[DisaggRun]) -> list[DisaggRun]:
-    """The disaggregated rows the figures are computed on: layout fields consistent, not speculative, KV dtype
-    known, not a calibration measurement."""
-    return [r for r in every if r.consistent and not r.spec and r.kv_dtype in ("fp8", "bf16", "fp16")
-            and not r.calibration_id]
+    """The disaggregated rows the figures are computed on: priceable and not a calibration measurement."""
+    return [r for r in every if _priceable(r) and not r.calibration_id]
 
 
 def predict_disagg_run(run: DisaggRun, params) -> dict | None:
     """TTFT, TPOT and output tokens/s per decode GPU; None where the model cannot place the layout (memory)."""
     from meshplan.planner.perf import predict_disagg
 
-    params = params.for_run(run) if isinstance(params, Bases) else params
+    params = _resolve(params, run)
     try:
         p = predict_disagg(get_model(run.model), get_gpu(run.gpu), run.prefill, run.decode,
                            Workload(isl=run.isl, osl=run.osl), weight_dtype=run.weight_dtype, kv_dtype=run.kv_dtype,
@@ -500,7 +509,7 @@ def disagg_report(params) -> list[str]:
     out.append(_fmt("ALL disaggregated", figures(pairs)))
     suspect = suspect_sources()
     out.append(_fmt("  without suspect sources", figures([(r, p) for r, p in pairs if r.source not in suspect])))
-    cal = [r for r in every if r.calibration_id and r.consistent and not r.spec and r.kv_dtype != "unknown"]
+    cal = [r for r in every if _priceable(r) and r.calibration_id]
     cal_pairs = [(r, p) for r in cal if (p := predict_disagg_run(r, FITTED_PARAMS)) is not None]
     if cal_pairs:
         out.append(_fmt("  calibration rows (in-sample)", figures(cal_pairs)))
@@ -634,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         drop = suspect_sources(args.data.parent / "sources.yaml")
         runs = [r for r in runs if r.source not in drop]
         print(f"without the suspect sources {sorted(drop)}")
-    base = Bases.load(FITTED_PARAMS) if LOMO_PARAMS.exists() else FITTED_PARAMS
+    base = Bases.load(FITTED_PARAMS)
     if args.variants:
         print(f"{len(runs)} runs, {len({r.source for r in runs})} sources, {len({r.model for r in runs})} models; "
               "per metric: rows, median |err|, bias, Spearman")
@@ -664,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
             print(_fmt(k, figures(by[k])))
     print("=" * 120)
     print(_fmt("ALL (held out)", figures(pairs)))
-    if isinstance(base, Bases) and not args.variant:
+    if not args.variant:
         print(_fmt("  source only (committed)", figures([(r, predict_run(r, FITTED_PARAMS)) for r in runs])))
     if fitted_on and not args.variant:
         print(_fmt("  calibration rows (in-sample)", figures([(r, predict_run(r, FITTED_PARAMS)) for r in fitted_on])))
