@@ -38,8 +38,8 @@ from pathlib import Path
 
 from meshplan.catalog.gpus import get_gpu
 from meshplan.catalog.models import get_model
-from meshplan.planner.calibration import FITTED_PARAMS
-from meshplan.planner.perf import PerfParams, predict
+from meshplan.planner.calibration import FAMILY_STEP_MS, FITTED_PARAMS
+from meshplan.planner.perf import PerfParams, committed_params, predict
 from meshplan.planner.memory import ReplicaMapping
 from meshplan.planner.types import Speculative, Workload, acceptance_rate_for_length
 
@@ -148,14 +148,37 @@ LOMO_PARAMS = HERE / "lomo_params.json"
 
 class Bases:
     """The parameters each run is predicted with: its model's leave-one-model-out fold where the calibration set
-    has the model's architecture, else the committed ones."""
+    has the model's architecture, else the committed ones; on a GPU family of `FAMILY_STEP_MS` (one the
+    calibration set never measured), plus that family's per-step overhead fitted on the evidence rows of the
+    family (`family_rows`) from OTHER sources and, with `hold_out` ("source", "model"), other models too."""
 
-    def __init__(self, committed: PerfParams, folds: dict[str, PerfParams]):
+    def __init__(self, committed: PerfParams, folds: dict[str, PerfParams], family_rows=None,
+                 hold_out: tuple[str, ...] = ("source", "model")):
         self.committed, self.folds = committed, folds
+        self.family_rows, self.hold_out = family_rows, hold_out
+        self._family: dict[tuple, float] = {}
 
-    def for_run(self, run: "Run") -> PerfParams:
+    def calibration_fold(self, run: "Measured") -> PerfParams:
         fam = CALIBRATION_FAMILY.get(run.model)
         return self.folds.get(fam, self.committed) if fam else self.committed
+
+    def family_step(self, run: "Measured") -> float:
+        """The held-out per-step overhead of the run's GPU family (0 where the family has none)."""
+        g = get_gpu(run.gpu).family
+        if self.family_rows is None or g not in FAMILY_STEP_MS:
+            return 0.0
+        key = (g,) + tuple(getattr(run, k) for k in self.hold_out)
+        if key not in self._family:
+            train = [r for r in self.family_rows if all(getattr(r, k) != getattr(run, k) for k in self.hold_out)]
+            self._family[key] = fit_family_step(train, g, self.calibration_fold)
+        return self._family[key]
+
+    def for_run(self, run: "Measured") -> PerfParams:
+        return with_family_step(self.calibration_fold(run), get_gpu(run.gpu).family, self.family_step(run))
+
+    def held_out(self, family_rows, hold_out: tuple[str, ...] = ("source", "model")) -> "Bases":
+        """The same folds, with the family overheads fitted on `family_rows` holding out `hold_out`."""
+        return Bases(self.committed, self.folds, list(family_rows), hold_out)
 
     @classmethod
     def load(cls, committed: PerfParams, path: Path = LOMO_PARAMS) -> "Bases":
@@ -163,6 +186,26 @@ class Bases:
 
         data = json.loads(path.read_text())
         return cls(committed, {fam: PerfParams(**vals) for fam, vals in data["folds"].items()})
+
+
+# ---- the per-step overhead of a GPU family the calibration set never measured (calibration.FAMILY_STEP_MS) -----
+FAMILY_GRID = tuple(x * 0.5 for x in range(61))        # 0-30 ms
+
+
+def with_family_step(q: PerfParams, family: str, ms: float) -> PerfParams:
+    if ms:
+        return q.with_values(family_step_ms=((family, ms),))
+    return q.with_values(family_step_ms=()) if q.family_step_ms else q
+
+
+def fit_family_step(rows: list["Run"], family: str, base) -> float:
+    """The overhead (ms per step, `FAMILY_GRID`) that minimises `_score` on `rows` of `family` (0 without rows):
+    `base(run)` gives each row's parameters without it."""
+    rows = [r for r in rows if get_gpu(r.gpu).family == family]
+    if not rows:
+        return 0.0
+    return min(FAMILY_GRID, key=lambda ms: (_score([(r, predict_run(r, with_family_step(base(r), family, ms)))
+                                                    for r in rows]), ms))
 
 
 def _resolve(params, run: "Run") -> PerfParams:
@@ -612,6 +655,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="refit the calibration set without each evidence model's family; write lomo_params.json")
     ap.add_argument("--iters", type=int, default=500, help="--refit-lomo: Nelder-Mead iterations per fit")
     ap.add_argument("--jobs", type=int, default=2, help="--refit-lomo: folds fitted in parallel")
+    ap.add_argument("--fit-family-step", action="store_true",
+                    help="fit calibration.FAMILY_STEP_MS on every held-out row of each family; print it")
     ap.add_argument("--find-overlap", action="store_true",
                     help="rewrite runs.csv's calibration_id column from the calibration set (--calibration)")
     ap.add_argument("--calibration", type=Path, default=None, help="calibration dir (default ../shared/data/calibration)")
@@ -643,7 +688,15 @@ def main(argv: list[str] | None = None) -> int:
         drop = suspect_sources(args.data.parent / "sources.yaml")
         runs = [r for r in runs if r.source not in drop]
         print(f"without the suspect sources {sorted(drop)}")
-    base = Bases.load(FITTED_PARAMS)
+    base = Bases.load(FITTED_PARAMS).held_out(runs)
+    if args.fit_family_step:
+        # the committed values: fitted on every held-out row of the family, on top of the parameters the planner
+        # predicts with (FITTED_PARAMS)
+        for g in sorted(FAMILY_STEP_MS):
+            ms = fit_family_step(runs, g, lambda r: FITTED_PARAMS)
+            n = sum(1 for r in runs if get_gpu(r.gpu).family == g)
+            print(f"{g}: {ms:.1f} ms per step on {n} rows (committed FAMILY_STEP_MS: {FAMILY_STEP_MS[g]})")
+        return 0
     if args.variants:
         print(f"{len(runs)} runs, {len({r.source for r in runs})} sources, {len({r.model for r in runs})} models; "
               "per metric: rows, median |err|, bias, Spearman")
@@ -674,7 +727,9 @@ def main(argv: list[str] | None = None) -> int:
     print("=" * 120)
     print(_fmt("ALL (held out)", figures(pairs)))
     if not args.variant:
-        print(_fmt("  source only (committed)", figures([(r, predict_run(r, FITTED_PARAMS)) for r in runs])))
+        by_source = base.held_out(runs, ("source",))
+        print(_fmt("  family step by source only", figures([(r, predict_run(r, by_source)) for r in runs])))
+        print(_fmt("  source only (committed)", figures([(r, predict_run(r, committed_params())) for r in runs])))
     if fitted_on and not args.variant:
         print(_fmt("  calibration rows (in-sample)", figures([(r, predict_run(r, FITTED_PARAMS)) for r in fitted_on])))
         print(f"    {len(fitted_on)} rows are calibration measurements (runs.csv calibration_id; sources "

@@ -259,3 +259,22 @@ def test_single_request_long_prompt_decodes_without_prompt_landing():
     assert long < 1.5 * short + kv_read_ms                  # nowhere near the old 2x
     # with other requests running, their prompts do land in the steps and lengthen TPOT
     assert tpot(100_000, 2) > long * 1.05
+
+
+def test_a_gpu_familys_step_overhead_adds_to_every_step_on_that_family_only():
+    """calibration.FAMILY_STEP_MS (CDNA3, CDNA4: families the calibration set never measured) is added to each
+    step of a GPU of the family, so a lone request's TPOT grows by exactly it; an NVIDIA GPU is priced as fitted."""
+    from meshplan.planner.calibration import FAMILY_STEP_MS
+
+    mi300x = get_gpu("mi300x")
+    assert mi300x.family == "cdna3"
+    kw = dict(model=DS, gpu=mi300x, layout=Layout(tp=8), conc=1)
+    committed = _p(**kw)
+    bare = _p(**kw, params=FITTED_PARAMS)
+    assert committed.tpot_ms == pytest.approx(bare.tpot_ms + FAMILY_STEP_MS["cdna3"])
+    assert committed.ttft_ms > bare.ttft_ms
+    assert _p(model=DS, gpu=B200, layout=Layout(tp=8), conc=1).tpot_ms == pytest.approx(
+        _p(model=DS, gpu=B200, layout=Layout(tp=8), conc=1, params=FITTED_PARAMS).tpot_ms)
+    # an explicit family table on explicit parameters is honoured, and a family without an entry adds nothing
+    q = FITTED_PARAMS.with_values(family_step_ms=(("cdna4", 2.0),))
+    assert _p(**kw, params=q).tpot_ms == pytest.approx(bare.tpot_ms)

@@ -78,6 +78,18 @@ from meshplan.planner.types import Workload
 # Fitted by `python benchmarks/accuracy.py --fit` (see module docstring).
 FITTED_PARAMS = PerfParams(gemm_eff=0.6805, mem_eff=1, attn_eff=0.7036, moe_eff=0.6052, layer_us=70.24, iter_ms=0.03273, comm_eff=0.3837, comm_us=1.155, nic_us=24.3, ttft_iters=7.514, wave=0.05711, wave_prefill_first=0.3933, wave_budget_first=0.03658, interference=1, moe_gemm_eff=0.2443, a2a_peer_us=1.565)
 
+# Per-step serving overhead (ms, added to `iter_ms`) of the GPU families the calibration set has no measurement
+# of: AMD's CDNA3 (MI300X, MI325X) and CDNA4 (MI355X). The calibration set is NVIDIA silicon only, and on AMD
+# GPUs the evidence base's measured TPOT has a floor the NVIDIA-fitted step does not: MI300X SGLang 0.5.9
+# DeepSeek-R1 TP8 at concurrency 4 decodes at 24.6 ms a token where the step is priced at 7.8 ms, while from
+# concurrency 4 to 64 both grow by about the same 21-27 ms (the slope holds, the floor does not; the MI355X
+# builds of 2026 show a floor of ~3 ms). Fitted by `python benchmarks/evidence.py --fit-family-step` on the
+# evidence rows of each family (benchmarks/evidence/runs.csv: InferenceX SGLang 0.5.x, dstack SGLang 0.4 and
+# vLLM 0.7, vLLM 0.17 gpt-oss-120b on MI300X; grid 0-30 ms in 0.5 ms, least sum of the TPOT, TTFT and
+# tokens/s/GPU median errors). docs/evidence.md reports it held out by source and by model.
+FAMILY_STEP_MS = {"cdna3": 18.5, "cdna4": 3.5}
+
+
 MAX_MEMORY_FRACTION = 0.96             # highest memory fraction we assume an operator set
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

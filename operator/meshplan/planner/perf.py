@@ -105,6 +105,9 @@ class PerfParams:
                                  # kernels (README table, H800 + CX7, 128 tokens) grow ~1.7 µs per added peer
                                  # in dispatch (77 µs at EP8, 173 µs at EP64) and ~3.6 µs in combine
                                  # (114 -> 314 µs)
+    family_step_ms: tuple = ()   # ((GPU family, ms), ...): a per-step serving overhead added to iter_ms on GPUs
+                                 # of a family the calibration set has no measurement of (`for_gpu`); the
+                                 # committed values are calibration.FAMILY_STEP_MS
 
     def with_values(self, **kw) -> "PerfParams":
         return PerfParams(**{**self.__dict__, **kw})
@@ -520,13 +523,29 @@ def distinct_experts(num_experts: int, k: int, tokens: float) -> float:
     return num_experts * (1.0 - (1.0 - k / num_experts) ** tokens)
 
 
+@lru_cache(maxsize=1)
+def committed_params() -> PerfParams:
+    """What the planner predicts with: the calibration fit (`FITTED_PARAMS`) and the per-family step
+    overheads fitted on the evidence base (`FAMILY_STEP_MS`)."""
+    from meshplan.planner.calibration import FAMILY_STEP_MS, FITTED_PARAMS
+    return FITTED_PARAMS.with_values(family_step_ms=tuple(sorted(FAMILY_STEP_MS.items())))
+
+
 def _params(params) -> PerfParams:
     if params is None:
-        from meshplan.planner.calibration import FITTED_PARAMS
-        return FITTED_PARAMS
+        return committed_params()
     if isinstance(params, dict):
         return PerfParams(**params)
     return params
+
+
+def for_gpu(q: PerfParams, gpu: GpuSpec) -> PerfParams:
+    """`q` with its GPU family's per-step overhead (`family_step_ms`) added to `iter_ms`: the serving stack's
+    fixed cost per step on a family the calibration set never measured (calibration.FAMILY_STEP_MS says how
+    it was fitted). Families without one (every NVIDIA family: their per-step cost is in the calibration fit)
+    are priced as fitted."""
+    extra = dict(q.family_step_ms).get(gpu.family, 0.0)
+    return q.with_values(iter_ms=q.iter_ms + extra, family_step_ms=()) if extra else q
 
 
 def predict(
@@ -561,7 +580,8 @@ def predict(
     `speculative` (a `types.Speculative`, MTP) prices speculative decoding (`_core`, "speculative") and
     the MTP modules' weights and KV cache in the memory fit.
     """
-    q = _params(params)
+    q0 = _params(params)
+    q = for_gpu(q0, gpu)
     m = as_mapping(layout)
     dchunk, dseqs = engine_defaults(engine, gpu)
     chunk = int(chunk_size or dchunk)
@@ -577,6 +597,9 @@ def predict(
     st = _stage(model, gpu, m, weight_dtype, kv_dtype, a2a_backend, bool(batch_overlap))
     dp = layout.dp if isinstance(layout, Layout) else 1
     notes: list[str] = []
+    if q.iter_ms != q0.iter_ms:
+        notes.append(f"{gpu.family} per-step serving overhead {q.iter_ms - q0.iter_ms:.1f} ms (a GPU family the "
+                     "calibration set never measured; fitted on the evidence base: calibration.FAMILY_STEP_MS)")
 
     if concurrency is None:
         if workload.concurrency is not None:
@@ -757,7 +780,7 @@ def predict_disagg(
     `planner.disagg.kv_path` decides which); without them the GPU's NIC (`gpu.nic_gb_s`, no latency),
     as the calibration set's runs (one RDMA fabric) were priced.
     """
-    q = _params(params)
+    q = for_gpu(_params(params), gpu)
     pm, dm = as_mapping(prefill), as_mapping(decode)
     isl, osl = max(1, workload.isl), max(1, workload.osl)
     dchunk, dseqs = engine_defaults(engine, gpu)
