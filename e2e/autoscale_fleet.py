@@ -206,13 +206,15 @@ __all__ = ["FollowingFleet", "OwnPrometheus"]
 
 
 def scaled_prediction_model(predicted: dict[str, Any], k: float, output_tokens: int) -> Any:
-    """A `ReplicaModel` whose engine runs `k` x the plan's prediction (status.plan.predicted: ttftMs,
-    itlMs) at any load: a fake engine for the drift e2e (issue 20), standing in for a real engine
+    """A `ReplicaModel` whose engine runs `k` x the plan's prediction (status.plan.predicted: ttftP50Ms, the
+    steady-state median TTFT the observed p50 is compared with, or ttftMs where the plan has none; itlMs) at
+    any load: a fake engine for the drift e2e (issue 20), standing in for a real engine
     that is k times slower than predicted (a CPU engine against a GPU plan). No tails (p50 = p99 =
     the mean), batch slots enough that the load never queues."""
     from meshplan.autoscale.queueing import ReplicaModel
 
     return ReplicaModel(tpot_base_s=k * predicted["itlMs"] / 1000.0, tpot_per_seq_s=0.0,
-                        prefill_s=k * predicted["ttftMs"] / 1000.0, prefill_per_seq_s=0.0, max_num_seqs=100000,
+                        prefill_s=k * predicted.get("ttftP50Ms", predicted["ttftMs"]) / 1000.0, prefill_per_seq_s=0.0,
+                        max_num_seqs=100000,
                         output_tokens=output_tokens, ttft_tail_factor=1.0, itl_tail_factor=1.0,
                         source="e2e: k x the plan's prediction")

@@ -141,6 +141,11 @@ def test_observed_document_and_restart_round_trip():
     ObservedStatus.model_validate(doc)       # the schema accepts what the autoscaler writes
     back = drift.correction_from_status(doc)
     assert (back.itl, back.ttft, back.evaluations, back.updated_at) == (3.21, 1.5, 7, now)
+    assert doc["predictedTtftMs"] == 300.0          # a plan without a median TTFT: its ttftMs
+    with_p50 = drift.observed_document(
+        percentile=95.0, at_slo={}, p50={"ttft_s": 0.5}, p99={}, generation_tokens_per_s=None, gpus_serving=None,
+        predicted={"ttftMs": 300.0, "ttftP50Ms": 120.0, "itlMs": 16.0}, correction=c, now=now)
+    assert with_p50["predictedTtftMs"] == 120.0     # the observed p50 is compared with the plan's median
     assert drift.correction_from_status({"itlCorrection": "x", "correctionTime": "bad"}) == Correction()
     assert drift.correction_from_status({"itlCorrection": 5000.0, "correctionTime": "2026-12-01T12:00:00Z"}
                                         ).itl == drift.MAX_FACTOR
@@ -278,3 +283,16 @@ def test_the_corrected_plan_runs_the_real_planner_on_the_deployments_topology():
     label, plan = a._corrected_plan(("ns", "demo"), spec, Correction(itl=2.0, ttft=2.0, updated_at=1.0,
                                                                       evaluations=5))
     assert plan is not None and label == plan.choice.layout.label()
+
+
+def test_the_observed_p50_ttft_is_compared_with_the_predicted_median():
+    from meshplan.planner.types import Prediction
+
+    p = Prediction(ttft_ms=900.0, tpot_ms=10.0, tokens_per_s_per_gpu=1.0, tokens_per_s_per_user=100.0,
+                   concurrency=4, ttft_p50_ms=150.0)
+    assert drift.observed_against(p) == 150.0
+    assert drift.observed_against(Prediction(ttft_ms=900.0, tpot_ms=10.0, tokens_per_s_per_gpu=1.0,
+                                             tokens_per_s_per_user=100.0, concurrency=4)) == 900.0
+    assert drift.observed_against(None) is None
+    scaled = drift.corrected_predictor(Correction(itl=2.0, ttft=3.0, evaluations=1), base=lambda *a, **k: p)()
+    assert scaled.ttft_p50_ms == pytest.approx(450.0) and scaled.ttft_ms == pytest.approx(2700.0)

@@ -241,14 +241,19 @@ def test_a_row_of_a_calibrated_architecture_is_predicted_by_the_fold_without_it(
     data = json.loads(ev.LOMO_PARAMS.read_text())
     assert set(data["folds"]) == set(ev.CALIBRATION_FAMILY.values())
     assert "--refit-lomo" in data["command"]
+    from meshplan.planner.calibration import TTFT_P50
+
     every = ev.load()
-    by_model = {r.model: r for r in every}
+    by_model = {r.model: r for r in every if ev.get_gpu(r.gpu).vendor == "nvidia"}    # no family step
+    p50 = dict(ttft_p50_base_ms=TTFT_P50["base_ms"], ttft_p50_iters=TTFT_P50["iters"])
     for model, fam in ev.CALIBRATION_FAMILY.items():
         if model in by_model:
-            got = bases.for_run(by_model[model])
+            got = bases.calibration_fold(by_model[model])
             assert got == ev.PerfParams(**data["folds"][fam]) and got != FITTED_PARAMS
-            assert ev.predict_run(by_model[model], bases) == ev.predict_run(by_model[model], got)
-    assert bases.for_run(by_model["qwen3-235b-a22b"]) is FITTED_PARAMS
+            # what a row is predicted with: its fold and the committed steady-state TTFT constants
+            assert bases.for_run(by_model[model]) == got.with_values(**p50)
+            assert ev.predict_run(by_model[model], bases) == ev.predict_run(by_model[model], got.with_values(**p50))
+    assert bases.calibration_fold(by_model["qwen3-235b-a22b"]) is FITTED_PARAMS
     # each fold trained on fewer rows than the whole calibration set
     assert all(0 < n < 2046 for n in data["train_rows"].values())
 
@@ -365,3 +370,38 @@ def test_the_family_step_improves_every_figure_on_the_amd_rows_held_out_by_sourc
     without = ev.figures([(r, ev.predict_run(r, ev.Bases.load(FITTED_PARAMS))) for r in amd])
     for k in ev.METRICS:
         assert with_it[k]["mae"] < without[k]["mae"], (k, with_it[k], without[k])
+
+
+# ---- the steady-state (median) TTFT (Prediction.ttft_p50_ms; calibration.TTFT_P50) -------------------------------
+
+# measured on 2026-12-02 (`python benchmarks/evidence.py`, the "TTFT p50 (median)" lines)
+MEASURED_P50 = {"agg": (108, 0.180), "disagg": (260, 0.598)}
+
+
+def test_every_row_of_the_fixture_carries_its_median_ttft():
+    every = ev.load()
+    fixture = [r for r in every if r.source.startswith("ixapp-")]
+    assert len(fixture) == 600 and all(ev.P50 in r.measured for r in fixture)
+    assert not any(ev.P50 in r.measured for r in every if not r.source.startswith("ixapp-"))
+    disagg = ev.load_disagg()
+    assert len(disagg) == 1128 and all(ev.P50 in r.measured for r in disagg)
+
+
+def test_the_committed_p50_constants_are_the_fit_on_the_calibration_rows_medians():
+    from meshplan.planner.calibration import TTFT_P50
+
+    rows = ev.calibration_p50_rows()
+    assert len(rows) == 256 and all(r.calibration_id for r in rows)
+    got = ev.fit_p50(rows, FITTED_PARAMS)
+    assert (got["base_ms"], got["iters"]) == (TTFT_P50["base_ms"], TTFT_P50["iters"])
+
+
+def test_median_ttft_held_out_figures_do_not_regress(pairs, bases):
+    f = ev.figure_p50(pairs)
+    n, was = MEASURED_P50["agg"]
+    assert f["n"] == n and f["mae"] <= was + MARGIN, f
+    assert f["within_30"] > f["n"] / 2                 # the median row is inside the 30%
+    held = ev.held_out_disagg(ev.load_disagg())
+    d = ev.figure_p50([(r, p) for r in held if (p := ev.predict_disagg_run(r, bases)) is not None])
+    n, was = MEASURED_P50["disagg"]
+    assert d["n"] == n and d["mae"] <= was + MARGIN, d

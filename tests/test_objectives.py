@@ -81,3 +81,18 @@ def test_slo_checks():
 def test_unknown_objective_is_named():
     with pytest.raises(ValueError, match="maxThroughput"):
         choose(POOL, "cheapest")  # type: ignore[arg-type]
+
+
+def test_a_p50_ttft_target_is_checked_against_the_steady_state_median():
+    """perf prices two TTFTs (issue 20): the closed-loop mean (`ttft_ms`, the arrival wave's queue included)
+    and the steady-state median (`ttft_p50_ms`). A p50 target is checked against the median; a p99 target
+    against the mean, which the median never exceeds."""
+    p = Prediction(ttft_ms=2500.0, tpot_ms=10.0, tokens_per_s_per_gpu=100.0, tokens_per_s_per_user=100.0,
+                   concurrency=8, ttft_p50_ms=400.0)
+    assert meets_slo(p, SLO(ttft_ms=1000, percentile=50))
+    assert slo_violation(p, SLO(ttft_ms=300, percentile=50)) == "TTFT 400 ms (p50) > 300 ms"
+    assert slo_violation(p, SLO(ttft_ms=1000, percentile=99)) == "TTFT 2,500 ms > 1,000 ms"
+    # a prediction without a median (a plan stored before it was priced) falls back to the mean
+    old = Prediction(ttft_ms=2500.0, tpot_ms=10.0, tokens_per_s_per_gpu=100.0, tokens_per_s_per_user=100.0,
+                     concurrency=8)
+    assert not meets_slo(old, SLO(ttft_ms=1000, percentile=50))

@@ -17,6 +17,7 @@ from meshplan.planner.perf import distinct_experts, predict
 from meshplan.planner.types import Layout, Workload
 
 H100 = get_gpu("h100_sxm")
+H200 = get_gpu("h200_sxm")
 B200 = get_gpu("b200_sxm")
 LLAMA70 = get_model("llama-3.1-70b")
 DS = get_model("deepseek-v3")
@@ -278,3 +279,23 @@ def test_a_gpu_familys_step_overhead_adds_to_every_step_on_that_family_only():
     # an explicit family table on explicit parameters is honoured, and a family without an entry adds nothing
     q = FITTED_PARAMS.with_values(family_step_ms=(("cdna4", 2.0),))
     assert _p(**kw, params=q).tpot_ms == pytest.approx(bare.tpot_ms)
+
+
+def test_the_steady_state_median_ttft_is_a_fixed_cost_a_few_steps_and_the_own_prefill_without_the_wave():
+    """`ttft_p50_ms` (perf._core): base + iters x step + the request's own prefill; no arrival wave, so it stays
+    below the closed-loop mean (`ttft_ms`) as concurrency grows, and it is exactly the formula at concurrency 1
+    (no other request's prefill)."""
+    from meshplan.planner.calibration import TTFT_P50
+
+    q = FITTED_PARAMS.with_values(ttft_p50_base_ms=TTFT_P50["base_ms"], ttft_p50_iters=TTFT_P50["iters"])
+    one = _p(model=DS, gpu=H200, layout=Layout(tp=8), isl=1024, osl=1024, conc=1, engine="sglang", params=q)
+    assert one.ttft_p50_ms == pytest.approx(TTFT_P50["base_ms"] + TTFT_P50["iters"] * one.tpot_ms + one.prefill_ms)
+    for c in (4, 16, 64):
+        p = _p(model=DS, gpu=H200, layout=Layout(tp=8), isl=8192, osl=1024, conc=c, engine="sglang", params=q)
+        assert p.ttft_p50_ms < p.ttft_ms
+    hi = _p(model=DS, gpu=H200, layout=Layout(tp=8), isl=8192, osl=1024, conc=64, engine="sglang", params=q)
+    lo = _p(model=DS, gpu=H200, layout=Layout(tp=8), isl=8192, osl=1024, conc=4, engine="sglang", params=q)
+    # the mean grows with the wave (x several), the median only with the step and the batch's decode tokens
+    assert hi.ttft_ms / lo.ttft_ms > 3.0 and hi.ttft_p50_ms / lo.ttft_p50_ms < 1.5
+    # the committed parameters carry the committed constants
+    assert perf.committed_params().ttft_p50_base_ms == TTFT_P50["base_ms"]

@@ -1648,7 +1648,8 @@ class Condition(ApiModel):
 class PredictedPerformance(ApiModel):
     """The performance model's prediction for the chosen plan at the planned workload."""
 
-    ttft_ms: float | None = Field(default=None, ge=0, description="Predicted time to first token, milliseconds, at the SLO percentile.")
+    ttft_ms: float | None = Field(default=None, ge=0, description="Predicted time to first token, milliseconds: a closed-loop run's mean (the arrival wave's queue included). A TTFT target at percentile 90-99 is checked against it.")
+    ttft_p50_ms: float | None = Field(default=None, ge=0, description="Predicted steady-state (median) time to first token, milliseconds. A TTFT target at percentile 50 is checked against it, and status.observed.ttftP50Ms is compared with it.")
     itl_ms: float | None = Field(default=None, ge=0, description="Predicted inter-token latency, milliseconds.")
     tokens_per_second_per_gpu: float | None = Field(default=None, ge=0, description="Predicted output tokens per second per GPU (throughput).")
     tokens_per_second_per_user: float | None = Field(default=None, ge=0, description="Predicted output tokens per second each user receives (interactivity).")
@@ -1767,7 +1768,7 @@ class ObservedStatus(ApiModel):
     itl_p99_ms: float | None = Field(default=None, ge=0, description="Observed ITL p99, milliseconds.")
     tokens_per_second_per_gpu: float | None = Field(default=None, ge=0, description="Observed output tokens/s over the ready replicas' GPUs (the engine's generation-token counter; absent for engines without one).")
     tokens_per_second_per_user: float | None = Field(default=None, ge=0, description="Observed tokens/s of one stream, 1 / ITL p50.")
-    predicted_ttft_ms: float | None = Field(default=None, ge=0, description="The plan's predicted TTFT, milliseconds.")
+    predicted_ttft_ms: float | None = Field(default=None, ge=0, description="The plan's predicted TTFT that ttftP50Ms is compared with (its steady-state median, status.plan.predicted.ttftP50Ms, where the plan has one), milliseconds.")
     predicted_itl_ms: float | None = Field(default=None, ge=0, description="The plan's predicted ITL, milliseconds.")
     predicted_tokens_per_second_per_gpu: float | None = Field(default=None, ge=0, description="The plan's predicted tokens/s per GPU.")
     predicted_tokens_per_second_per_user: float | None = Field(default=None, ge=0, description="The plan's predicted tokens/s per user.")

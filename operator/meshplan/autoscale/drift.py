@@ -137,6 +137,15 @@ def drifting(c: Correction, threshold: float = DRIFT_THRESHOLD) -> bool:
     return drift_condition(c, threshold)[1] == "True"
 
 
+def observed_against(prediction: Any) -> float | None:
+    """The predicted TTFT an observed p50 TTFT is compared with: the plan's steady-state median
+    (`ttft_p50_ms`) where it has one, else its `ttft_ms` (a plan made before the median was priced)."""
+    if prediction is None:
+        return None
+    p50 = getattr(prediction, "ttft_p50_ms", 0.0) or 0.0
+    return p50 if p50 > 0 else getattr(prediction, "ttft_ms", None)
+
+
 def corrected_capacity(prediction: Any, output_tokens: int, c: Correction) -> tuple[float | None, float | None]:
     """(requests/s, concurrency) one replica serves at the planned concurrency with the corrected
     latencies (Little's law: a request holds its slot for TTFT + outputTokens x ITL)."""
@@ -155,7 +164,7 @@ def corrected_predictor(c: Correction, base: Callable[..., Any] | None = None) -
 
     def predict(*args: Any, **kw: Any) -> Any:
         p = base(*args, **kw)
-        return replace(p, ttft_ms=p.ttft_ms * c.ttft, tpot_ms=p.tpot_ms * c.itl,
+        return replace(p, ttft_ms=p.ttft_ms * c.ttft, ttft_p50_ms=p.ttft_p50_ms * c.ttft, tpot_ms=p.tpot_ms * c.itl,
                        tokens_per_s_per_gpu=p.tokens_per_s_per_gpu / c.itl,
                        tokens_per_s_per_user=p.tokens_per_s_per_user / c.itl,
                        prefill_ms=p.prefill_ms * c.ttft)
@@ -214,7 +223,7 @@ def observed_document(*, percentile: float, at_slo: Mapping[str, float | None], 
         "itlP99Ms": _ms(p99.get("itl_s")),
         "tokensPerSecondPerGpu": _num(per_gpu),
         "tokensPerSecondPerUser": _num(1.0 / itl50 if itl50 and itl50 > 0 else None),
-        "predictedTtftMs": _num(pred.get("ttftMs")),
+        "predictedTtftMs": _num(pred.get("ttftP50Ms") or pred.get("ttftMs")),
         "predictedItlMs": _num(pred.get("itlMs")),
         "predictedTokensPerSecondPerGpu": _num(pred.get("tokensPerSecondPerGpu")),
         "predictedTokensPerSecondPerUser": _num(pred.get("tokensPerSecondPerUser")),

@@ -101,6 +101,7 @@ def plan_summary(candidate: Any, reason: str | None = None, *, nodes_per_replica
         "memoryPerGpuGib": round(candidate.memory.usable_bytes / 2**30, 2),
         "predicted": {
             "ttftMs": round(p.ttft_ms, 1), "itlMs": round(p.tpot_ms, 2),
+            **({"ttftP50Ms": round(p.ttft_p50_ms, 1)} if p.ttft_p50_ms > 0 else {}),
             "tokensPerSecondPerGpu": round(p.tokens_per_s_per_gpu, 1),
             "tokensPerSecondPerUser": round(p.tokens_per_s_per_user, 1),
         },

@@ -348,7 +348,7 @@ def candidate_to_dict(c: Any) -> dict[str, Any]:
         "chunk_size": c.chunk_size, "max_num_seqs": c.max_num_seqs,
         "memory_per_gpu_gib": round(c.memory.usable_bytes / 2**30, 2),
         "kv_capacity_tokens": c.memory.kv_capacity_tokens,
-        "ttft_ms": round(p.ttft_ms, 2), "itl_ms": round(p.tpot_ms, 3),
+        "ttft_ms": round(p.ttft_ms, 2), "ttft_p50_ms": round(p.ttft_p50_ms, 2), "itl_ms": round(p.tpot_ms, 3),
         "tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu, 3),
         "tokens_per_s_per_user": round(p.tokens_per_s_per_user, 3),
         "concurrency_per_replica": p.concurrency, "notes": list(p.notes),

@@ -261,7 +261,8 @@ def _search_gpu(model: Any, g: Any, budget: int, workload: Workload, *, engine: 
                     b_run = min(b, max(1, -(-conc // n_d)))
                     pre_pred = Prediction(ttft_ms=p.ttft_ms, tpot_ms=0.0,
                                           tokens_per_s_per_gpu=req_s * isl / gp, tokens_per_s_per_user=0.0,
-                                          concurrency=conc, prefill_ms=p.prefill_ms, notes=p.notes)
+                                          concurrency=conc, prefill_ms=p.prefill_ms, notes=p.notes,
+                                          ttft_p50_ms=p.ttft_p50_ms)
                     dec_pred = Prediction(ttft_ms=0.0, tpot_ms=p.tpot_ms,
                                           tokens_per_s_per_gpu=p.tokens_per_s_per_gpu * (gp + gd) / gd,
                                           tokens_per_s_per_user=p.tokens_per_s_per_user, concurrency=b_run)
@@ -424,7 +425,7 @@ def disagg_candidate_to_dict(d: DisaggCandidate) -> dict[str, Any]:
             "prefill_workers": d.prefill_workers, "decode_workers": d.decode_workers,
             "prefill": {**candidate_to_dict(d.prefill), "role_ttft_ms": round(d.prefill.prediction.ttft_ms, 2)},
             "decode": {**candidate_to_dict(d.decode), "role_itl_ms": round(d.decode.prediction.tpot_ms, 3)},
-            "ttft_ms": round(p.ttft_ms, 2), "itl_ms": round(p.tpot_ms, 3),
+            "ttft_ms": round(p.ttft_ms, 2), "ttft_p50_ms": round(p.ttft_p50_ms, 2), "itl_ms": round(p.tpot_ms, 3),
             "tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu, 2),
             "tokens_per_s_per_user": round(p.tokens_per_s_per_user, 2),
             "kv_path": kv_path_to_dict(d.kv_path)}

@@ -105,6 +105,10 @@ class PerfParams:
                                  # kernels (README table, H800 + CX7, 128 tokens) grow ~1.7 µs per added peer
                                  # in dispatch (77 µs at EP8, 173 µs at EP64) and ~3.6 µs in combine
                                  # (114 -> 314 µs)
+    ttft_p50_base_ms: float = 0.0  # steady-state (median) TTFT: fixed per-request cost (HTTP, tokenise, detokenise,
+                                   # first streamed chunk) ...
+    ttft_p50_iters: float = 0.0    # ... plus these engine steps, plus the request's own prefill (`_core`); the
+                                   # committed values are calibration.TTFT_P50 (fitted on measured medians)
     family_step_ms: tuple = ()   # ((GPU family, ms), ...): a per-step serving overhead added to iter_ms on GPUs
                                  # of a family the calibration set has no measurement of (`for_gpu`); the
                                  # committed values are calibration.FAMILY_STEP_MS
@@ -527,8 +531,9 @@ def distinct_experts(num_experts: int, k: int, tokens: float) -> float:
 def committed_params() -> PerfParams:
     """What the planner predicts with: the calibration fit (`FITTED_PARAMS`) and the per-family step
     overheads fitted on the evidence base (`FAMILY_STEP_MS`)."""
-    from meshplan.planner.calibration import FAMILY_STEP_MS, FITTED_PARAMS
-    return FITTED_PARAMS.with_values(family_step_ms=tuple(sorted(FAMILY_STEP_MS.items())))
+    from meshplan.planner.calibration import FAMILY_STEP_MS, FITTED_PARAMS, TTFT_P50
+    return FITTED_PARAMS.with_values(family_step_ms=tuple(sorted(FAMILY_STEP_MS.items())),
+                                     ttft_p50_base_ms=TTFT_P50["base_ms"], ttft_p50_iters=TTFT_P50["iters"])
 
 
 def _params(params) -> PerfParams:
@@ -613,7 +618,8 @@ def predict(
         else:
             concurrency = max(1, min(seqs_cap, memory.max_concurrency or 1))
     B = max(1, int(concurrency))
-    ttft, tpot, b_run, prefill_ms = _core(model, st, m, q, isl, osl, B, chunk, seqs_cap, memory, engine, spec)
+    ttft, tpot, b_run, prefill_ms, ttft_p50 = _core(model, st, m, q, isl, osl, B, chunk, seqs_cap, memory, engine,
+                                                    spec)
     if b_run < B:
         notes.append(f"only {b_run} of {B} requests run at once (batch slots / KV cache); the rest queue")
     plain = _core(model, st, m, q, isl, osl, B, chunk, seqs_cap, memory, engine)[1] if spec is not None else 0.0
@@ -628,7 +634,7 @@ def predict(
     tps_gpu = b_run * tps_user / m.gpus
     return Prediction(ttft_ms=ttft, tpot_ms=tpot, tokens_per_s_per_gpu=tps_gpu,
                       tokens_per_s_per_user=tps_user, concurrency=B, prefill_ms=prefill_ms,
-                      notes=tuple(notes))
+                      notes=tuple(notes), ttft_p50_ms=ttft_p50)
 
 
 def speculative_layers(model: ModelArch, spec: Speculative | None) -> int:
@@ -658,8 +664,17 @@ def _draft_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams, d:
 
 def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: int, B: int,
           chunk: int, seqs_cap: int, memory: MemoryFit, engine: str = "vllm",
-          spec: Speculative | None = None) -> tuple[float, float, int, float]:
-    """(ttft_ms, tpot_ms, running sequences, no-queue prefill_ms) at concurrency B.
+          spec: Speculative | None = None) -> tuple[float, float, int, float, float]:
+    """(ttft_ms, tpot_ms, running sequences, no-queue prefill_ms, ttft_p50_ms) at concurrency B.
+
+    Two TTFTs. `ttft_ms` is what a closed-loop benchmark's MEAN measures: the requests released together
+    (the arrival wave) queue behind each other's prefill, and `ttft_iters` steps pass around it (fitted on
+    the calibration set's mean TTFT). `ttft_p50_ms` is the steady state a request arriving into the running
+    batch sees, what the MEDIAN measures: a fixed per-request cost, `ttft_p50_iters` steps and its own
+    prefill; no wave (issue 20: InferenceX's runs of DeepSeek-R1 measure a median TTFT that stays at
+    100-130 ms from concurrency 4 to 64 on MI355X at 1k/1k while the mean grows 150 -> 550 ms and p99 0.5 ->
+    4 s: the mean is the burst's tail). Both queue the same way when the replica is over its batch or KV
+    limit (B > running sequences).
 
     Speculative decoding (`spec`, k draft tokens at acceptance rate a): every step a running sequence feeds
     k + 1 tokens to the target model (its last token and the k drafts to verify), so a decode step carries
@@ -738,10 +753,12 @@ def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: in
     own_stage = pf_stage if p_own == p_iter else iteration_ms(model, st, m, q, dv, ctx, p_own, pctx, verify)
     own = max(1.0, isl / chunk_free) * m.pp * (own_stage + hop_ms)
     ttft = q.ttft_base_ms + q.ttft_iters * step + prefill
+    ttft_p50 = q.ttft_p50_base_ms + q.ttft_p50_iters * step + own
     if B > b_run:
         service = prefill + osl * tpot
         ttft += service * (B / b_run - 1.0)
-    return ttft, tpot, b_run, own
+        ttft_p50 += (own + osl * tpot) * (B / b_run - 1.0)
+    return ttft, tpot, b_run, own, ttft_p50
 
 
 def predict_disagg(
@@ -820,11 +837,17 @@ def predict_disagg(
         wave = _wave(q, engine)
         in_wave = max(0.0, concurrency / ranks / per_iter_reqs - 1.0)
         ttft = q.ttft_base_ms + q.ttft_iters * tpot + service_ms * (1.0 + wave * in_wave) + xfer_ms
+        # steady state (`_core`): one request's prefill alone, no wave
+        ttft_p50 = (q.ttft_p50_base_ms + q.ttft_p50_iters * tpot
+                    + pm.pp * iteration_ms(model, pst, pm, q, 0.0, 0.0, float(min(isl, dchunk)), isl / 2.0) * n_iter
+                    + xfer_ms)
     else:
         ttft = concurrency / cap_per_s * 1e3 - osl * tpot
+        ttft_p50 = ttft
         notes.append("prefill workers are the bottleneck")
     if B > b_run:
         ttft += (service_ms + osl * tpot) * (B / b_run - 1.0)
+        ttft_p50 += (service_ms + osl * tpot) * (B / b_run - 1.0)
         notes.append(f"decode worker runs {b_run} of {B} requests at once")
     gpus = prefill_workers * pm.gpus + decode_workers * dm.gpus
     tps_user = 1000.0 / tpot
@@ -837,4 +860,4 @@ def predict_disagg(
     return Prediction(ttft_ms=ttft, tpot_ms=tpot,
                       tokens_per_s_per_gpu=tps_total / gpus,
                       tokens_per_s_per_user=tps_user, concurrency=concurrency,
-                      prefill_ms=service_ms, notes=tuple(notes))
+                      prefill_ms=service_ms, notes=tuple(notes), ttft_p50_ms=ttft_p50)

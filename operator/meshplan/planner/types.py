@@ -157,6 +157,8 @@ class Prediction:
     concurrency: int                      # per replica, as modelled
     prefill_ms: float = 0.0               # no-queue prefill time (lower bound of TTFT)
     notes: tuple[str, ...] = ()
+    ttft_p50_ms: float = 0.0              # steady-state (median) TTFT; `ttft_ms` is a closed-loop run's mean
+                                          # (perf._core says how each is priced); 0: not priced
 
 
 @dataclass(frozen=True)
