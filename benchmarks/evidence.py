@@ -8,6 +8,8 @@
     python benchmarks/evidence.py --no-suspect     # without the sources sources.yaml marks suspect
     python benchmarks/evidence.py --find-overlap   # rewrite runs.csv's calibration_id from the calibration set
     python benchmarks/evidence.py --refit-lomo --iters 500 --jobs 2   # rewrite lomo_params.json (3 min)
+    python benchmarks/evidence.py --fit-family-step  # calibration.FAMILY_STEP_MS from the AMD rows
+    python benchmarks/evidence.py --fit-p50          # calibration.TTFT_P50 from the calibration rows' median TTFT
 
 Data: benchmarks/evidence/runs.csv (one measured point a row) and sources.yaml (where each source's
 figures were read, engine and version, benchmark client, how its figures are defined). Issue 20, build 1.
@@ -23,7 +25,10 @@ stay in every headline figure; the figure without them is printed on its own lin
 does not price (ATOM) and speculative rows without a stated draft and acceptance length are reported, not priced.
 
 Figures (median over rows that have the figure): TPOT, TTFT and tokens/s/GPU median absolute relative
-error, bias (median signed error), Spearman rank correlation. `tokens/s/GPU` for throughput-only rows
+error, bias (median signed error), Spearman rank correlation. TTFT is the source's mean; where a source gives the
+median too (InferenceX-app's fixture, dstack's CSV: runs.csv `ttft_median_ms`), `Prediction.ttft_p50_ms` (the steady
+state) is compared with it in its own line ("TTFT p50"). On an AMD GPU family (calibration.FAMILY_STEP_MS) every row
+takes the family's per-step overhead fitted on the other sources' and models' rows (`Bases.held_out`). `tokens/s/GPU` for throughput-only rows
 (trtllm-bench) is output tokens per second per GPU at the concurrency the row names.
 """
 
@@ -805,6 +810,7 @@ def main(argv: list[str] | None = None) -> int:
     print("=" * 120)
     print(_fmt("ALL (held out)", figures(pairs)))
     print(_fmt_p50("ALL (held out)", figure_p50(pairs)))
+    print(_fmt_p50("  InferenceX-app rows only", figure_p50([(r, p) for r, p in pairs if r.source.startswith("ixapp-")])))
     if not args.variant:
         by_source = base.held_out(runs, ("source",))
         print(_fmt("  family step by source only", figures([(r, predict_run(r, by_source)) for r in runs])))
