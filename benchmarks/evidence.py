@@ -44,7 +44,7 @@ from pathlib import Path
 from meshplan.catalog.gpus import get_gpu
 from meshplan.catalog.models import get_model
 from meshplan.planner.calibration import FAMILY_STEP_MS, FITTED_PARAMS, TTFT_P50
-from meshplan.planner.perf import PerfParams, committed_params, predict
+from meshplan.planner.perf import PerfParams, committed_params, predict, with_committed_ttft_p50
 from meshplan.planner.memory import ReplicaMapping
 from meshplan.planner.types import Speculative, Workload, acceptance_rate_for_length
 
@@ -193,8 +193,7 @@ class Bases:
 
     def for_run(self, run: "Measured") -> PerfParams:
         # the steady-state TTFT's constants as committed: fitted on calibration rows, which are in no figure
-        q = self.calibration_fold(run).with_values(ttft_p50_base_ms=TTFT_P50["base_ms"],
-                                                   ttft_p50_iters=TTFT_P50["iters"])
+        q = with_committed_ttft_p50(self.calibration_fold(run))
         return with_family_step(q, get_gpu(run.gpu).family, self.family_step(run))
 
     def held_out(self, family_rows, hold_out: tuple[str, ...] = ("source", "model")) -> "Bases":
@@ -307,12 +306,13 @@ def _m(m: ReplicaMapping) -> str:
     return f"attn tp{m.attn_tp}xdp{m.attn_dp} moe tp{m.moe_tp}xep{m.moe_ep} pp{m.pp}"
 
 
-def figures(pairs: list[tuple[Run, dict]]) -> dict:
+def figures(pairs: list[tuple[Run, dict]], metrics: tuple[str, ...] = METRICS) -> dict:
     out = {}
-    for k in METRICS:
+    for k in metrics:
         got = [(pr[k], r.measured[k]) for r, pr in pairs if k in r.measured]
         err = [p / m - 1.0 for p, m in got]
         out[k] = {"n": len(got), "mae": median([abs(e) for e in err]), "bias": median(err),
+                  "within_30": sum(1 for e in err if abs(e) <= 0.30),
                   "spearman": spearman([p for p, _ in got], [m for _, m in got])}
     return out
 
@@ -331,12 +331,7 @@ def _fmt(label: str, f: dict) -> str:
 
 def figure_p50(pairs) -> dict:
     """The median-TTFT figure: predicted `ttft_p50_ms` against the measured median, over the rows that have one."""
-    got = [(pr[P50], r.measured[P50]) for r, pr in pairs if P50 in r.measured and pr.get(P50)]
-    err = [p / m - 1.0 for p, m in got]
-    return {"n": len(got), "mae": median([abs(e) for e in err]) if err else float("nan"),
-            "bias": median(err) if err else float("nan"),
-            "within_30": sum(1 for e in err if abs(e) <= 0.30),
-            "spearman": spearman([p for p, _ in got], [m for _, m in got]) if len(got) > 2 else float("nan")}
+    return figures(pairs, (P50,))[P50]
 
 
 def _fmt_p50(label: str, f: dict) -> str:
@@ -360,18 +355,12 @@ def calibration_p50_rows() -> list:
     return [r for r in load() if r.calibration_id and not r.spec and r.engine in PRICED_ENGINES and P50 in r.measured]
 
 
-def _predict_any(r, params) -> dict | None:
-    return predict_disagg_run(r, params) if isinstance(r, DisaggRun) else predict_run(r, params)
-
-
 def fit_p50(rows: list, params: PerfParams) -> dict:
     """(base_ms, iters) of the grid with the least median absolute error of `ttft_p50_ms` on `rows`."""
     parts = []          # the prediction is linear in both constants: (measured, at 0/0, per ms of base, per step)
     for r in rows:
-        at = [_predict_any(r, params.with_values(ttft_p50_base_ms=b, ttft_p50_iters=i))
+        at = [predict_run(r, params.with_values(ttft_p50_base_ms=b, ttft_p50_iters=i))
               for b, i in ((0.0, 0.0), (1.0, 0.0), (0.0, 1.0))]
-        if at[0] is None:
-            continue
         p0 = at[0][P50]
         parts.append((r.measured[P50], p0, at[1][P50] - p0, at[2][P50] - p0))
 

@@ -137,15 +137,6 @@ def drifting(c: Correction, threshold: float = DRIFT_THRESHOLD) -> bool:
     return drift_condition(c, threshold)[1] == "True"
 
 
-def observed_against(prediction: Any) -> float | None:
-    """The predicted TTFT an observed p50 TTFT is compared with: the plan's steady-state median
-    (`ttft_p50_ms`) where it has one, else its `ttft_ms` (a plan made before the median was priced)."""
-    if prediction is None:
-        return None
-    p50 = getattr(prediction, "ttft_p50_ms", 0.0) or 0.0
-    return p50 if p50 > 0 else getattr(prediction, "ttft_ms", None)
-
-
 def corrected_capacity(prediction: Any, output_tokens: int, c: Correction) -> tuple[float | None, float | None]:
     """(requests/s, concurrency) one replica serves at the planned concurrency with the corrected
     latencies (Little's law: a request holds its slot for TTFT + outputTokens x ITL)."""

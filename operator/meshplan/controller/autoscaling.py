@@ -103,7 +103,6 @@ from meshplan.autoscale.drift import (
     correction_from_status,
     drift_condition,
     observed_document,
-    observed_against,
     observed_queries,
     replan_action,
     update_correction,
@@ -753,7 +752,7 @@ class Autoscaler:
             prev, observed_itl_ms=None if itl50 is None else itl50 * 1000.0,
             predicted_itl_ms=getattr(pred, "tpot_ms", None),
             observed_ttft_ms=None if ttft50 is None else ttft50 * 1000.0,
-            predicted_ttft_ms=observed_against(pred), now=now)
+            predicted_ttft_ms=getattr(pred, "median_ttft_ms", None), now=now)     # the observed p50 against the median
         self.corrections[uid] = corr
         if pred is None or not corr.learned:
             self.capacities[key] = (capacity.requests_per_s_at_slo, capacity.requests_per_s_at_slo)

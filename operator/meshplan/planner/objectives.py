@@ -48,9 +48,7 @@ def predicted_ttft(pred: Prediction, slo: SLO | None) -> float:
     """The predicted TTFT an SLO's target is checked against: at percentile 50 the steady-state median
     (`ttft_p50_ms`, perf._core); at a higher percentile the closed-loop mean (`ttft_ms`: the arrival wave's
     queue included, above the median; the model prices no tail beyond it)."""
-    if slo is not None and slo.percentile == 50 and pred.ttft_p50_ms > 0:
-        return pred.ttft_p50_ms
-    return pred.ttft_ms
+    return pred.median_ttft_ms if slo is not None and slo.percentile == 50 else pred.ttft_ms
 
 
 def slo_violation(pred: Prediction, slo: SLO | None) -> str:
@@ -60,7 +58,8 @@ def slo_violation(pred: Prediction, slo: SLO | None) -> str:
     misses = []
     ttft = predicted_ttft(pred, slo)
     if slo.ttft_ms is not None and ttft > slo.ttft_ms:
-        misses.append(f"TTFT {ttft:,.0f} ms{' (p50)' if ttft != pred.ttft_ms else ''} > {slo.ttft_ms:,.0f} ms")
+        p50 = " (p50)" if slo.percentile == 50 and pred.ttft_p50_ms > 0 else ""
+        misses.append(f"TTFT {ttft:,.0f} ms{p50} > {slo.ttft_ms:,.0f} ms")
     if slo.itl_ms is not None and pred.tpot_ms > slo.itl_ms:
         misses.append(f"ITL {pred.tpot_ms:,.2f} ms > {slo.itl_ms:,.2f} ms")
     if slo.min_tokens_per_s_per_user is not None and pred.tokens_per_s_per_user < slo.min_tokens_per_s_per_user:

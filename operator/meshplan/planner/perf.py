@@ -527,13 +527,18 @@ def distinct_experts(num_experts: int, k: int, tokens: float) -> float:
     return num_experts * (1.0 - (1.0 - k / num_experts) ** tokens)
 
 
+def with_committed_ttft_p50(q: PerfParams) -> PerfParams:
+    """`q` with the steady-state TTFT's committed constants (calibration.TTFT_P50)."""
+    from meshplan.planner.calibration import TTFT_P50
+    return q.with_values(ttft_p50_base_ms=TTFT_P50["base_ms"], ttft_p50_iters=TTFT_P50["iters"])
+
+
 @lru_cache(maxsize=1)
 def committed_params() -> PerfParams:
-    """What the planner predicts with: the calibration fit (`FITTED_PARAMS`) and the per-family step
-    overheads fitted on the evidence base (`FAMILY_STEP_MS`)."""
-    from meshplan.planner.calibration import FAMILY_STEP_MS, FITTED_PARAMS, TTFT_P50
-    return FITTED_PARAMS.with_values(family_step_ms=tuple(sorted(FAMILY_STEP_MS.items())),
-                                     ttft_p50_base_ms=TTFT_P50["base_ms"], ttft_p50_iters=TTFT_P50["iters"])
+    """What the planner predicts with: the calibration fit (`FITTED_PARAMS`), the steady-state TTFT's constants
+    (`TTFT_P50`) and the per-family step overheads fitted on the evidence base (`FAMILY_STEP_MS`)."""
+    from meshplan.planner.calibration import FAMILY_STEP_MS, FITTED_PARAMS
+    return with_committed_ttft_p50(FITTED_PARAMS).with_values(family_step_ms=tuple(sorted(FAMILY_STEP_MS.items())))
 
 
 def _params(params) -> PerfParams:

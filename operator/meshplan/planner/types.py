@@ -160,6 +160,11 @@ class Prediction:
     ttft_p50_ms: float = 0.0              # steady-state (median) TTFT; `ttft_ms` is a closed-loop run's mean
                                           # (perf._core says how each is priced); 0: not priced
 
+    @property
+    def median_ttft_ms(self) -> float:
+        """The median TTFT: `ttft_p50_ms`, or `ttft_ms` for a prediction made before the median was priced."""
+        return self.ttft_p50_ms if self.ttft_p50_ms > 0 else self.ttft_ms
+
 
 @dataclass(frozen=True)
 class Candidate:
