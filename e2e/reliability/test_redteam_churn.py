@@ -126,7 +126,7 @@ def _settled(cluster, ns: str, name: str, away_from: str, replicas: int = 1):
         kit.pods(cluster, ns), name) == replicas else None
 
 
-def _churn(cluster, ns: str, name: str, canary: str, change, away_from: str, what: str) -> dict:
+def _churn(cluster, ns: str, name: str, canary: str, change, away_from: str, what: str, op=None) -> dict:
     known = _uids(cluster, ns, name)
     t0 = time.monotonic()
     s = Sampler(cluster, ns, name, canary, t0, known)
@@ -141,8 +141,10 @@ def _churn(cluster, ns: str, name: str, canary: str, change, away_from: str, wha
     # kubectl takes ~0.5-1 s per sample here and the move settles in ~2 s: a sample or two fall inside
     # it (the unit tests in tests/test_churn.py check every round of the decision).
     assert s.samples >= 1, s.samples
+    # the operator's log with the failure: the module's teardown print lands in a passing test's capture
     assert s.first_new_s is not None and s.first_new_s <= REACTION_LIMIT_S, \
-        f"{what}: replacement created after {s.first_new_s}s (limit {REACTION_LIMIT_S}s)"
+        f"{what}: replacement created after {s.first_new_s}s (limit {REACTION_LIMIT_S}s)" + \
+        (f"\n----- operator log (tail) -----\n{op.tail(80)}" if op is not None else "")
     assert s.min_ready is not None and s.min_ready >= 1, f"{what}: ready groups dropped to {s.min_ready}"
     assert s.canary_down == 0, f"{what}: the canary was not Available in {s.canary_down} sample(s)"
     reasons = [e["reason"] for e in kit.events(cluster, ns, name)]
@@ -157,7 +159,7 @@ def _churn(cluster, ns: str, name: str, canary: str, change, away_from: str, wha
     return {"reaction_s": s.first_new_s, "settled_s": settled_s, "min_ready": s.min_ready}
 
 
-def test_clique_relabel_is_acted_on_within_seconds_and_make_before_break(cluster, ns, rel_fleet):
+def test_clique_relabel_is_acted_on_within_seconds_and_make_before_break(cluster, op, ns, rel_fleet):
     """One tray of the group's NVLink domain is relabelled into another `nvidia.com/gpu.clique`: the
     group now spans two domains. A spare domain exists: the replacement is created within seconds
     and ready before the old group is removed."""
@@ -172,10 +174,10 @@ def test_clique_relabel_is_acted_on_within_seconds_and_make_before_break(cluster
     tray = sorted(nodes)[0]
     _churn(cluster, ns, "mv", "canary",
            lambda: cluster.kubectl("label", "node", tray, f"{CLIQUE}={fn}-x.0", "--overwrite"),
-           tray, "clique relabel")
+           tray, "clique relabel", op)
 
 
-def test_allocatable_drop_is_acted_on_within_seconds_and_make_before_break(cluster, ns, rel_fleet):
+def test_allocatable_drop_is_acted_on_within_seconds_and_make_before_break(cluster, op, ns, rel_fleet):
     """The node of a TP8 group reports 4 allocatable GPUs instead of 8 (a GPU fell off the bus): the
     group is replaced on a spare node within seconds, the old one removed once the new one is ready."""
     fn = "rel-churn-alloc"
@@ -188,7 +190,7 @@ def test_allocatable_drop_is_acted_on_within_seconds_and_make_before_break(clust
     patch = json.dumps({"status": {"capacity": {"nvidia.com/gpu": "4"}, "allocatable": {"nvidia.com/gpu": "4"}}})
     _churn(cluster, ns, "mv", "canary",
            lambda: cluster.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", patch),
-           node, "allocatable 8 -> 4")
+           node, "allocatable 8 -> 4", op)
     alloc = kit.node(cluster, node)["status"]["allocatable"]["nvidia.com/gpu"]
     assert alloc == "4", f"the node's allocatable was reset to {alloc} meanwhile: the scenario did not hold"
 

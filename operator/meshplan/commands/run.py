@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from meshplan.controller import autoscaling, handlers  # autoscaling: registers the autoscaler's loop
+    from meshplan.controller import settings as operator_settings
 
     handlers.OPTIONS.kubeconfig = os.environ.get("KUBECONFIG") if args.kubeconfig else None
     handlers.OPTIONS.namespaces = tuple(args.namespace or ())
@@ -102,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.verbose:
         # kopf logs every handler call at INFO; child events would flood the log.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    if args.namespace:
+        # kopf drops the namespaces its watcher lists (controller/settings.py): serve those too
+        operator_settings.notice_listed_namespaces()
     kopf.run(
         clusterwide=bool(args.all_namespaces),
         namespaces=args.namespace or (),

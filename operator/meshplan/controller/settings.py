@@ -37,6 +37,14 @@ Why each one (docs/reliability.md, "Known kopf pitfalls")
   LISTs objects itself) ask `outranked` first, reading kopf's peering object.
 - Errors: a handler that fails unexpectedly is retried with a growing delay
   (1 s, 2 s, 5 s, 10 s, 30 s, then every 60 s), never dropped.
+- Listed namespaces (`notice_listed_namespaces`): kopf's namespace observer (kopf 1.44-1.45,
+  `kopf/_core/reactor/observation.py`) lists namespaces once, then starts a watcher that lists
+  them again and watches from that second listing's resourceVersion, and its event processor
+  drops every listed (type None) event. A namespace created between the two listings, or
+  during a re-list after the watch's "410 Gone", is in no ADDED event and in no listing kopf
+  reads: kopf never serves it (docs/reliability.md, L1 and its cause). meshplan wraps the
+  processor so a listed namespace is revised like an added one (additions only: a listing
+  carries no deletion).
 - Engine-pod policy (`load_engine_policy`): the cluster admin's `enginePolicy` chart values
   (allowed images per engine, env valueFrom, engine pods' ServiceAccount), passed by the chart as
   the JSON env MESHPLAN_ENGINE_POLICY; unset -> the chart's defaults (meshplan.api.policy). A value
@@ -112,6 +120,39 @@ class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
             if key in body.metadata.annotations:
                 patch.metadata.annotations[key] = None
         self._store_marker(prefix=self.prefix, patch=patch, body=body)
+
+
+def notice_listed_namespaces() -> bool:
+    """Make kopf's namespace observer revise the namespaces its watcher's own listing returns (see the
+    module docstring). True when kopf's processor is wrapped (now or before); False, with a warning,
+    when this kopf has no such processor (then nothing is changed)."""
+    try:
+        from kopf._core.reactor import observation
+    except ImportError:           # pragma: no cover - kopf reorganised: nothing to wrap
+        observation = None
+    original = getattr(observation, "process_discovered_namespace_event", None)
+    revise = getattr(observation, "revise_namespaces", None)
+    if original is None or revise is None:
+        logging.getLogger("meshplan.controller").warning(
+            "kopf has no namespace observer processor to wrap: namespaces listed at a watch (re)start may go "
+            "unnoticed until the resync's LIST (docs/reliability.md, L1)")
+        return False
+    if getattr(original, "_meshplan_listed", False):
+        return True
+
+    async def process_discovered_namespace_event(*, raw_event: Any, namespaces: Any, insights: Any,
+                                                 **kwargs: Any) -> None:
+        if raw_event.get("type") is None:
+            async with insights.revised:
+                revise(raw_events=[raw_event], insights=insights, namespaces=namespaces)
+                insights.revised.notify_all()
+            return
+        await original(raw_event=raw_event, namespaces=namespaces, insights=insights, **kwargs)
+
+    process_discovered_namespace_event._meshplan_listed = True     # type: ignore[attr-defined]
+    process_discovered_namespace_event.__wrapped__ = original      # type: ignore[attr-defined]
+    observation.process_discovered_namespace_event = process_discovered_namespace_event
+    return True
 
 
 def load_engine_policy(environ: Mapping[str, str] | None = None) -> Any:
