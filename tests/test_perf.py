@@ -299,3 +299,33 @@ def test_the_steady_state_median_ttft_is_a_fixed_cost_a_few_steps_and_the_own_pr
     assert hi.ttft_ms / lo.ttft_ms > 3.0 and hi.ttft_p50_ms / lo.ttft_p50_ms < 1.5
     # the committed parameters carry the committed constants
     assert perf.committed_params().ttft_p50_base_ms == TTFT_P50["base_ms"]
+
+
+def test_requests_in_step_wait_for_the_whole_rounds_prompts():
+    """Issue 20: a closed loop with fixed lengths (dstack's `--random-range-ratio 1`) keeps its requests in step,
+    so every round arrives at once and each request's first token waits for all of the round's prompts: the
+    mean TTFT grows by one prompt's prefill per request in flight, whatever the scheduler's fitted wave share.
+    Decode, the steady-state median and a lone request are untouched."""
+    from meshplan.catalog.gpus import get_gpu
+    from meshplan.planner.perf import predict
+    from meshplan.planner.types import Layout, Workload
+
+    model, gpu = get_model("llama-3.1-70b"), get_gpu("h100_sxm")
+
+    def run(engine, c, synchronized):
+        return predict(model, gpu, Layout(tp=8), Workload(isl=3200, osl=800, synchronized=synchronized),
+                       weight_dtype="fp8", kv_dtype="fp8", engine=engine, concurrency=c)
+
+    for engine in ("vllm", "sglang", "trtllm"):
+        free = {c: run(engine, c, False) for c in (1, 8, 16, 32)}
+        step = {c: run(engine, c, True) for c in (1, 8, 16, 32)}
+        assert step[1].ttft_ms == pytest.approx(free[1].ttft_ms)
+        one = free[1].prefill_ms                                   # one prompt's prefill alone
+        for lo, hi in ((8, 16), (16, 32)):
+            assert step[hi].ttft_ms - step[lo].ttft_ms == pytest.approx((hi - lo) * one, rel=0.15), engine
+        for c in (8, 16, 32):
+            assert step[c].ttft_ms > free[c].ttft_ms, (engine, c)
+            assert step[c].tpot_ms == pytest.approx(free[c].tpot_ms)
+            assert step[c].tokens_per_s_per_gpu == pytest.approx(free[c].tokens_per_s_per_gpu)
+            assert step[c].ttft_p50_ms == pytest.approx(free[c].ttft_p50_ms)
+            assert any("in step" in n for n in step[c].notes)

@@ -137,6 +137,14 @@ def _priced_as(engine: str) -> str:
     return priced_as(engine)
 
 
+def _in_step(q: "PerfParams", workload) -> "PerfParams":
+    """`q` with a wave share of 1 for every scheduler when the workload's requests are in step
+    (`Workload.synchronized`): each request of a round waits for all of the round's prompts on its rank."""
+    if getattr(workload, "synchronized", False):
+        return q.with_values(wave=1.0, wave_prefill_first=1.0, wave_budget_first=1.0)
+    return q
+
+
 def _wave(q: "PerfParams", engine: str) -> float:
     engine = _priced_as(engine)
     if engine in PREFILL_FIRST_ENGINES:
@@ -592,6 +600,7 @@ def predict(
     """
     q0 = _params(params)
     q = for_gpu(q0, gpu)
+    q = _in_step(q, workload)
     m = as_mapping(layout)
     dchunk, dseqs = engine_defaults(engine, gpu)
     chunk = int(chunk_size or dchunk)
@@ -610,6 +619,10 @@ def predict(
     if q.iter_ms != q0.iter_ms:
         notes.append(f"{gpu.family} per-step serving overhead {q.iter_ms - q0.iter_ms:.1f} ms (a GPU family the "
                      "calibration set never measured; fitted on the evidence base: calibration.FAMILY_STEP_MS)")
+
+    if getattr(workload, "synchronized", False):
+        notes.append("requests in step (fixed lengths, closed loop): every round arrives at once, each request "
+                     "waits for the whole round's prompts on its attention rank")
 
     if concurrency is None:
         if workload.concurrency is not None:
@@ -803,6 +816,7 @@ def predict_disagg(
     as the calibration set's runs (one RDMA fabric) were priced.
     """
     q = for_gpu(_params(params), gpu)
+    q = _in_step(q, workload)
     pm, dm = as_mapping(prefill), as_mapping(decode)
     isl, osl = max(1, workload.isl), max(1, workload.osl)
     dchunk, dseqs = engine_defaults(engine, gpu)

@@ -71,6 +71,13 @@ class Workload:
     concurrency: int | None = None       # requests in flight (closed loop), or
     request_rate: float | None = None    # requests/s arriving (open loop)
     max_context: int | None = None       # longest context to support; default isl + osl
+    # A closed loop whose requests stay in step: fixed prompt and answer lengths (a benchmark client's
+    # `--random-range-ratio 1` with EOS ignored) make the C requests of a round finish together, so EVERY
+    # round arrives at one instant and each request waits for the whole round's prompts on its attention
+    # rank (`perf.predict`: wave share 1 for every scheduler). False: the engine's fitted share of the
+    # first round's wave (`PerfParams.wave*`). Set by the evidence harness for such sources (issue 20);
+    # served traffic is not in step.
+    synchronized: bool = False
 
     @property
     def context(self) -> int:
