@@ -463,6 +463,27 @@ def prompts_per_concurrency(source: str) -> float:
     return float(_sources().get(source, {}).get("prompts_per_concurrency") or 1)
 
 
+# The oldest release of each engine's line that the planner's engine modules render for and the model's scheduler
+# terms describe: vLLM's V1 engine (the default from 0.8.0; `perf.PerfParams.wave_budget_first` prices V1's token
+# budget; the module targets 0.32.0), SGLang 0.5 (the module targets 0.5.23), TensorRT-LLM 1.0 (the PyTorch
+# backend as the default; the module targets 1.2.1). Rows measured on older builds are reported apart, not dropped.
+ENGINE_LINES = {"vllm": (0, 8), "sglang": (0, 5), "trtllm": (1, 0)}
+
+
+def engine_release(source: str) -> tuple[int, int] | None:
+    """(major, minor) of the engine release sources.yaml names for `source` (None: unstated or unparsed)."""
+    import re
+
+    m = re.match(r"\s*v?(\d+)\.(\d+)", str(_sources().get(source, {}).get("engine_version") or ""))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def on_rendered_line(run: "Measured") -> bool:
+    """Whether the row's engine build is on a line the planner renders for (`ENGINE_LINES`; unstated: yes)."""
+    got = engine_release(run.source)
+    return got is None or run.engine not in ENGINE_LINES or got >= ENGINE_LINES[run.engine]
+
+
 def fixed_lengths(source: str) -> bool:
     """Whether the source's client sends fixed-length prompts and answers (`random_range_ratio: 1`)."""
     return float(_sources().get(source, {}).get("random_range_ratio") or 0) == 1.0
@@ -817,6 +838,13 @@ def main(argv: list[str] | None = None) -> int:
         for label, bases in (("leave-one-source-out", Bases(FITTED_PARAMS, {}).held_out(runs, ("source",))),
                              ("leave-one-model-out", base.held_out(runs, ("model",)))):
             print(_fmt(f"  {label}", figures([(r, predict_run(r, bases)) for r in runs])))
+        older = sorted({r.source for r in runs if not on_rendered_line(r)})
+        current = [r for r in runs if on_rendered_line(r)]
+        print(f"  on the engine lines the planner renders for (vLLM >= 0.8, SGLang >= 0.5, TensorRT-LLM >= 1.0): "
+              f"{len(current)} rows; {len(runs) - len(current)} rows of older builds apart ({', '.join(older)})")
+        for label, bases in (("  current lines, both", base), ("  current lines, source", Bases(FITTED_PARAMS, {}).held_out(
+                runs, ("source",))), ("  current lines, model", base.held_out(runs, ("model",)))):
+            print(_fmt(label, figures([(r, predict_run(r, bases)) for r in current])))
         by_source = base.held_out(runs, ("source",))
         print(_fmt("  family step by source only", figures([(r, predict_run(r, by_source)) for r in runs])))
         print(_fmt("  source only (committed)", figures([(r, predict_run(r, committed_params())) for r in runs])))

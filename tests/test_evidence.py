@@ -433,3 +433,20 @@ def test_fixed_length_sources_are_priced_in_step_and_their_ttft_gains(runs, base
     assert free["ttft_ms"]["mae"] <= 0.56 + MARGIN and before["ttft_ms"]["mae"] >= 0.85, (free, before)
     for k in ("tpot_ms", "tokens_per_s_per_gpu"):
         assert free[k]["mae"] == pytest.approx(before[k]["mae"])
+
+
+def test_rows_of_builds_older_than_the_rendered_engine_lines_are_dstacks_and_reported_apart(runs):
+    """`evidence.ENGINE_LINES`: vLLM >= 0.8 (V1), SGLang >= 0.5, TensorRT-LLM >= 1.0, the lines the engine modules
+    render for. Only dstack's early-2025 builds (SGLang 0.4.2/0.4.3, vLLM 0.7.3/0.7.4, TensorRT-LLM 0.17) are
+    older; an unstated version counts as current. On the current lines, held out by source (the committed
+    calibration fit and the family step fitted on other sources), TPOT 11.3% and tokens/s/GPU 10.5% are within
+    issue 20's 15%, the mean TTFT (34.6%) is not: held where measured (2026-12-02)."""
+    older = {r.source for r in runs if not ev.on_rendered_line(r)}
+    assert older == {s for s in ev._sources() if s.startswith("dstack-")}
+    assert ev.engine_release("dstack-r1-h200-trtllm") == (0, 17) and ev.engine_release("inferencex-1061-mi300x") == (0, 17)
+    assert ev.on_rendered_line(next(r for r in runs if r.source == "inferencex-1061-mi300x"))
+    current = [r for r in runs if ev.on_rendered_line(r)]
+    by_source = ev.Bases(FITTED_PARAMS, {}).held_out(runs, ("source",))
+    f = ev.figures([(r, ev.predict_run(r, by_source)) for r in current])
+    for k, was in {"tpot_ms": 0.113, "ttft_ms": 0.346, "tokens_per_s_per_gpu": 0.105}.items():
+        assert f[k]["mae"] <= was + MARGIN, (k, f[k])
