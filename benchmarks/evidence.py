@@ -29,7 +29,10 @@ error, bias (median signed error), Spearman rank correlation. TTFT is the source
 median too (InferenceX-app's fixture, dstack's CSV: runs.csv `ttft_median_ms`), `Prediction.ttft_p50_ms` (the steady
 state) is compared with it in its own line ("TTFT p50"). On an AMD GPU family (calibration.FAMILY_STEP_MS) every row
 takes the family's per-step overhead fitted on the other sources' and models' rows (`Bases.held_out`). `tokens/s/GPU` for throughput-only rows
-(trtllm-bench) is output tokens per second per GPU at the concurrency the row names.
+(trtllm-bench) is output tokens per second per GPU at the concurrency the row names. A source whose client sends
+fixed lengths (sources.yaml `random_range_ratio: 1`: dstack's) is priced with its requests in step
+(`workload_of`, `Workload.synchronized`). The ALL line is followed by the two folds apart (leave-one-source-out,
+leave-one-model-out) and by the same three on the engine lines the planner renders for (`ENGINE_LINES`).
 """
 
 from __future__ import annotations
