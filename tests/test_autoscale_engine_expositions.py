@@ -10,7 +10,8 @@ series), `sum`/`max`, `sum by (le)` and `histogram_quantile` (linear interpolati
 the upper bound of the highest finite bucket when the rank falls in +Inf; NaN without a +Inf bucket,
 https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile). One documented
 exposition is one scrape, so `rate(c[w])` is read as c / w (the counter counted from zero within the
-window): the rate's size is not what these tests check, only whether the series is found. Each sample
+window): the rate's size is not what these tests check, only whether the series is found; `avg_over_time(g[w])` of
+one scrape is that scrape's value. Each sample
 gets the labels the chart's PodMonitor gives engine series (namespace, meshplan_dev_deployment, pod).
 """
 
@@ -67,7 +68,7 @@ def load(name: str, pod: str, rename: dict[str, str] | None = None, add_inf: boo
 class FakeQueryEngine:
     """Stands in for `PrometheusConnect.custom_query` over a fixed set of samples (see module doc)."""
 
-    _TERM = re.compile(r"^(?:(?P<fn>rate|timestamp)\()?(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{(?P<sel>[^}]*)\}"
+    _TERM = re.compile(r"^(?:(?P<fn>rate|avg_over_time|timestamp)\()?(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{(?P<sel>[^}]*)\}"
                        r"(?:\[(?P<w>[0-9a-z]+)\])?\)?$")
 
     def __init__(self, samples: list[Sample]) -> None:

@@ -106,7 +106,7 @@ def test_queries_are_scoped_and_use_engine_names() -> None:
         f"or on(pod) rate(vllm:time_per_output_token_seconds_bucket{sel}[90s])))"
     )
     assert qs.request_rate_per_s == f"sum(rate(vllm:request_success_total{sel}[90s]))"
-    assert qs.queue_depth == f"sum(vllm:num_requests_waiting{sel})"
+    assert qs.queue_depth == f"sum(avg_over_time(vllm:num_requests_waiting{sel}[90s]))"
     assert qs.running == f"sum(vllm:num_requests_running{sel})"
     assert qs.kv_usage == f"max(vllm:kv_cache_usage_perc{sel} or on(pod) vllm:gpu_cache_usage_perc{sel})"
     # the age is that of the newest scrape of any series a signal reads
@@ -153,7 +153,7 @@ def test_overrides_replace_names_and_add_labels() -> None:
     )
     qs = build_queries("vllm", scope_matchers("ns", "d"), overrides=ov)
     assert "custom:ttft_seconds_bucket{" in qs.ttft_s and "_bucket_bucket" not in qs.ttft_s
-    assert qs.queue_depth == 'sum(gw_queue{namespace="ns",meshplan_dev_deployment="d",pool="a"})'
+    assert qs.queue_depth == f'sum(avg_over_time(gw_queue{{namespace="ns",meshplan_dev_deployment="d",pool="a"}}[{qs.window}]))'
     assert "vllm:inter_token_latency_seconds" in qs.itl_s  # not overridden
 
 
