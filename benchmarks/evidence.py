@@ -838,16 +838,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.variant:
         # the two folds apart: leave-one-source-out fits nothing on the row's source (the calibration
         # fit is AIConfigurator's source, its own rows are out), leave-one-model-out nothing on the row's model
-        for label, bases in (("leave-one-source-out", Bases(FITTED_PARAMS, {}).held_out(runs, ("source",))),
-                             ("leave-one-model-out", base.held_out(runs, ("model",)))):
+        loso, lomo = Bases(FITTED_PARAMS, {}).held_out(runs, ("source",)), base.held_out(runs, ("model",))
+        for label, bases in (("leave-one-source-out", loso), ("leave-one-model-out", lomo)):
             print(_fmt(f"  {label}", figures([(r, predict_run(r, bases)) for r in runs])))
         older = sorted({r.source for r in runs if not on_rendered_line(r)})
         current = [r for r in runs if on_rendered_line(r)]
         print(f"  on the engine lines the planner renders for (vLLM >= 0.8, SGLang >= 0.5, TensorRT-LLM >= 1.0): "
               f"{len(current)} rows; {len(runs) - len(current)} rows of older builds apart ({', '.join(older)})")
-        for label, bases in (("  current lines, both", base), ("  current lines, source", Bases(FITTED_PARAMS, {}).held_out(
-                runs, ("source",))), ("  current lines, model", base.held_out(runs, ("model",)))):
-            print(_fmt(label, figures([(r, predict_run(r, bases)) for r in current])))
+        for label, bases in (("both", base), ("source", loso), ("model", lomo)):
+            print(_fmt(f"  current lines, {label}", figures([(r, predict_run(r, bases)) for r in current])))
         by_source = base.held_out(runs, ("source",))
         print(_fmt("  family step by source only", figures([(r, predict_run(r, by_source)) for r in runs])))
         print(_fmt("  source only (committed)", figures([(r, predict_run(r, committed_params())) for r in runs])))

@@ -436,12 +436,9 @@ def build_queries(
         rates = _per_pod([f"rate({h}_bucket{sel}[{w}])" for h in histograms], pod_label)
         return f"histogram_quantile({q}, sum by (le) ({rates}))"
 
-    def summed(metrics: tuple[str, ...], rate: bool = False, agg: str = "sum", fn: str | None = None) -> str:
-        def one(m: str) -> str:
-            if rate:
-                return f"rate({m}{sel}[{w}])"
-            return f"{fn}({m}{sel}[{w}])" if fn else f"{m}{sel}"
-        return f"{agg}(" + _per_pod([one(m) for m in metrics], pod_label) + ")"
+    def summed(metrics: tuple[str, ...], fn: str | None = None, agg: str = "sum") -> str:
+        """`agg` over pods of each series as it is (`fn` None) or of `fn(series[w])` (rate, avg_over_time)."""
+        return f"{agg}(" + _per_pod([f"{fn}({m}{sel}[{w}])" if fn else f"{m}{sel}" for m in metrics], pod_label) + ")"
 
     # The newest scrape of any series any signal reads: a deployment whose engine exports
     # only some of the signals still has an age (timestamp() drops the metric name, so `or`
@@ -454,7 +451,7 @@ def build_queries(
     return QuerySet(
         ttft_s=quantile(names.ttft_histograms),
         itl_s=quantile(names.itl_histograms),
-        request_rate_per_s=summed(names.requests_counters, rate=True),
+        request_rate_per_s=summed(names.requests_counters, fn="rate"),
         # The queue over the window, like the rates: one sample of the gauge is not the backlog. Under a steady
         # overload a real vLLM 0.32.0 (CPU build, e2e/test_real_vllm.py: 128 requests in flight against
         # --max-num-seqs 32) was scraped at 0 waiting at one instant and 98 within the same 30 s, and a

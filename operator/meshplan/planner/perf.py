@@ -137,10 +137,10 @@ def _priced_as(engine: str) -> str:
     return priced_as(engine)
 
 
-def _in_step(q: "PerfParams", workload) -> "PerfParams":
+def _in_step(q: "PerfParams", workload: Workload) -> "PerfParams":
     """`q` with a wave share of 1 for every scheduler when the workload's requests are in step
     (`Workload.synchronized`): each request of a round waits for all of the round's prompts on its rank."""
-    if getattr(workload, "synchronized", False):
+    if workload.synchronized:
         return q.with_values(wave=1.0, wave_prefill_first=1.0, wave_budget_first=1.0)
     return q
 
@@ -620,7 +620,7 @@ def predict(
         notes.append(f"{gpu.family} per-step serving overhead {q.iter_ms - q0.iter_ms:.1f} ms (a GPU family the "
                      "calibration set never measured; fitted on the evidence base: calibration.FAMILY_STEP_MS)")
 
-    if getattr(workload, "synchronized", False):
+    if workload.synchronized:
         notes.append("requests in step (fixed lengths, closed loop): every round arrives at once, each request "
                      "waits for the whole round's prompts on its attention rank")
 
