@@ -24,6 +24,8 @@ PUBLISHED = [
     ("deepseek-r1", 671e9, 37e9),
     ("gpt-oss-120b", 116.8e9, None),   # OpenAI's 5.1B active excludes the embedding table
     ("gpt-moe-1.8t", 1.8e12, None),
+    ("minimax-m2", 230e9, None),      # MiniMax's model card: 230B total; its 10B active leaves out the 1.2B
+                                      # embedding and output tables (param_count: 11.0B with them)
 ]
 
 
@@ -139,3 +141,24 @@ def test_required_gpus_present_with_consistent_facts():
 def test_every_model_has_a_source():
     for m in MODELS.values():
         assert m.source, m.name
+
+
+
+def test_minimax_m2_catalogue_entry_is_the_real_config_for_every_release():
+    # the catalogue's minimax-m2 (the evidence base's MiniMax-M2.5 and M2.7 rows) against the real MiniMax-M2.5
+    # config.json (tests/fixtures/models, SOURCES.md): the same dimensions and dtypes, under every release's id
+    from pathlib import Path
+
+    from meshplan.catalog.models import load_hf_config
+
+    real = load_hf_config(Path(__file__).resolve().parent / "fixtures" / "models" / "MiniMaxAI--MiniMax-M2.5_config.json",
+                          name="MiniMaxAI/MiniMax-M2.5")
+    ids = ("MiniMaxAI/MiniMax-M2", "MiniMaxAI/MiniMax-M2.1", "MiniMaxAI/MiniMax-M2.5", "MiniMaxAI/MiniMax-M2.7")
+    archs = {get_model(i) for i in ids}
+    assert len(archs) == 1
+    (m,) = archs
+    fields = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim", "vocab_size",
+              "num_experts", "experts_per_token", "num_shared_experts", "moe_intermediate_size",
+              "first_k_dense_layers", "sliding_window_layers", "tie_word_embeddings", "native_dtype")
+    assert {f: getattr(m, f) for f in fields} == {f: getattr(real, f) for f in fields}
+    assert param_count(m) == pytest.approx(param_count(real))

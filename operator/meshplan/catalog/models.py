@@ -276,6 +276,16 @@ _CATALOG: tuple[ModelArch, ...] = (
        head_dim=64, intermediate_size=2880, vocab_size=201088, num_experts=128, experts_per_token=4,
        moe_intermediate_size=2880, sliding_window=128, sliding_window_layers=18, native_dtype="fp4",
        source=_hf("openai/gpt-oss-120b")),
+    # MiniMax-M2 (MiniMaxM2ForCausalLM, model_type minimax_m2), as MiniMaxAI/MiniMax-M2.5's config.json gives it
+    # (a copy in tests/fixtures/models; tests/test_catalog.py checks this entry against it): 62 layers, all MoE (no
+    # dense layer, no shared expert), 256 experts of FFN width 1536, top-8, GQA 48 query / 8 KV heads of 128,
+    # vocabulary 200,064; FP8 weights (quant_method fp8, weight_block_size [128, 128], modules_to_not_convert:
+    # gate, e_score_correction_bias, lm_head). MiniMax-M2, M2.1, M2.5 and M2.7 share the architecture under their
+    # own ids; param_count gives 228.7B total (the model card: 230B) and 11.0B active (the card's 10B leaves out
+    # the 1.2B embedding and output tables).
+    _m(name="minimax-m2", num_layers=62, hidden_size=3072, num_attention_heads=48, num_kv_heads=8,
+       head_dim=128, intermediate_size=1536, vocab_size=200064, num_experts=256, experts_per_token=8,
+       moe_intermediate_size=1536, native_dtype="fp8", source=_hf("MiniMaxAI/MiniMax-M2.5")),
     # GPT-MoE-1.8T: the model of NVIDIA's "Demystifying AI Inference Deployments for
     # Trillion Parameter LLMs" blog (2024) and the seeds: 1.8T parameters, 16 experts,
     # top-2. OpenAI never published it; the dimensions follow SemiAnalysis' published
@@ -312,6 +322,10 @@ _HF_IDS: dict[str, str] = {
     "deepseek-ai/deepseek-r1": "deepseek-r1",
     "deepseek-ai/deepseek-r1-0528": "deepseek-r1",
     "openai/gpt-oss-120b": "gpt-oss-120b",
+    "minimaxai/minimax-m2": "minimax-m2",
+    "minimaxai/minimax-m2.1": "minimax-m2",
+    "minimaxai/minimax-m2.5": "minimax-m2",
+    "minimaxai/minimax-m2.7": "minimax-m2",
 }
 
 

@@ -85,9 +85,10 @@ FITTED_PARAMS = PerfParams(gemm_eff=0.6805, mem_eff=1, attn_eff=0.7036, moe_eff=
 # concurrency 4 to 64 both grow by about the same 21-27 ms (the slope holds, the floor does not; the MI355X
 # builds of 2026 show a floor of ~3 ms). Fitted by `python benchmarks/evidence.py --fit-family-step` on the
 # evidence rows of each family (benchmarks/evidence/runs.csv: InferenceX SGLang 0.5.x, dstack SGLang 0.4 and
-# vLLM 0.7, vLLM 0.17 gpt-oss-120b on MI300X; grid 0-30 ms in 0.5 ms, least sum of the TPOT, TTFT and
-# tokens/s/GPU median errors). docs/evidence.md reports it held out by source and by model.
-FAMILY_STEP_MS = {"cdna3": 18.5, "cdna4": 3.5}
+# vLLM 0.7, vLLM 0.17 gpt-oss-120b and SGLang 0.5.13 MiniMax-M2.7 on MI300X; grid 0-30 ms in 0.5 ms, least sum of
+# the TPOT, TTFT and tokens/s/GPU median errors; CDNA3 18.5 ms before the MiniMax rows). docs/evidence.md reports it
+# held out by source and by model.
+FAMILY_STEP_MS = {"cdna3": 17.5, "cdna4": 3.5}
 
 # Steady-state (median) TTFT = base_ms + iters x step + the request's own prefill (`perf._core`). Fitted by
 # `python benchmarks/evidence.py --fit-p50` on the median TTFT of the calibration set's aggregated InferenceX
