@@ -637,7 +637,7 @@ def predict(
             concurrency = max(1, min(seqs_cap, memory.max_concurrency or 1))
     B = max(1, int(concurrency))
     ttft, tpot, b_run, prefill_ms, ttft_p50 = _core(model, st, m, q, isl, osl, B, chunk, seqs_cap, memory, engine,
-                                                    spec)
+                                                    spec, in_step=workload.synchronized)
     if b_run < B:
         notes.append(f"only {b_run} of {B} requests run at once (batch slots / KV cache); the rest queue")
     plain = _core(model, st, m, q, isl, osl, B, chunk, seqs_cap, memory, engine)[1] if spec is not None else 0.0
@@ -682,7 +682,7 @@ def _draft_ms(model: ModelArch, st: _Stage, m: ReplicaMapping, q: PerfParams, d:
 
 def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: int, B: int,
           chunk: int, seqs_cap: int, memory: MemoryFit, engine: str = "vllm",
-          spec: Speculative | None = None) -> tuple[float, float, int, float, float]:
+          spec: Speculative | None = None, in_step: bool = False) -> tuple[float, float, int, float, float]:
     """(ttft_ms, tpot_ms, running sequences, no-queue prefill_ms, ttft_p50_ms) at concurrency B.
 
     Two TTFTs. `ttft_ms` is what a closed-loop benchmark's MEAN measures: the requests released together
@@ -692,7 +692,9 @@ def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: in
     prefill; no wave (issue 20: InferenceX's runs of DeepSeek-R1 measure a median TTFT that stays at
     100-130 ms from concurrency 4 to 64 on MI355X at 1k/1k while the mean grows 150 -> 550 ms and p99 0.5 ->
     4 s: the mean is the burst's tail). Both queue the same way when the replica is over its batch or KV
-    limit (B > running sequences).
+    limit (B > running sequences). With requests in step (`in_step`, `Workload.synchronized`) every round
+    is an arrival wave, so the median request waits for its round's prompts as the mean does: the steady
+    state there is the wave.
 
     Speculative decoding (`spec`, k draft tokens at acceptance rate a): every step a running sequence feeds
     k + 1 tokens to the target model (its last token and the k drafts to verify), so a decode step carries
@@ -771,11 +773,12 @@ def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: in
     own_stage = pf_stage if p_own == p_iter else iteration_ms(model, st, m, q, dv, ctx, p_own, pctx, verify)
     own = max(1.0, isl / chunk_free) * m.pp * (own_stage + hop_ms)
     ttft = q.ttft_base_ms + q.ttft_iters * step + prefill
-    ttft_p50 = q.ttft_p50_base_ms + q.ttft_p50_iters * step + own
+    waited = prefill if in_step else own
+    ttft_p50 = q.ttft_p50_base_ms + q.ttft_p50_iters * step + waited
     if B > b_run:
         service = prefill + osl * tpot
         ttft += service * (B / b_run - 1.0)
-        ttft_p50 += (own + osl * tpot) * (B / b_run - 1.0)
+        ttft_p50 += (waited + osl * tpot) * (B / b_run - 1.0)
     return ttft, tpot, b_run, own, ttft_p50
 
 
@@ -856,10 +859,10 @@ def predict_disagg(
         wave = _wave(q, engine)
         in_wave = max(0.0, concurrency / ranks / per_iter_reqs - 1.0)
         ttft = q.ttft_base_ms + q.ttft_iters * tpot + service_ms * (1.0 + wave * in_wave) + xfer_ms
-        # steady state (`_core`): one request's prefill alone, no wave
-        ttft_p50 = (q.ttft_p50_base_ms + q.ttft_p50_iters * tpot
-                    + pm.pp * iteration_ms(model, pst, pm, q, 0.0, 0.0, float(min(isl, dchunk)), isl / 2.0) * n_iter
-                    + xfer_ms)
+        # steady state (`_core`): one request's prefill alone, no wave; in step, every round's wave
+        waited = (service_ms * (1.0 + wave * in_wave) if workload.synchronized else
+                  pm.pp * iteration_ms(model, pst, pm, q, 0.0, 0.0, float(min(isl, dchunk)), isl / 2.0) * n_iter)
+        ttft_p50 = q.ttft_p50_base_ms + q.ttft_p50_iters * tpot + waited + xfer_ms
     else:
         ttft = concurrency / cap_per_s * 1e3 - osl * tpot
         ttft_p50 = ttft
