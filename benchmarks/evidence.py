@@ -343,6 +343,22 @@ def figure_p50(pairs) -> dict:
     return figures(pairs, (P50,))[P50]
 
 
+# issue 20's "done when": median absolute error on the sources and models not fitted
+TARGETS = {"tpot_ms": 0.15, "ttft_ms": 0.30, "tokens_per_s_per_gpu": 0.15}
+
+
+def target_line(label: str, f: dict, p50: dict) -> str:
+    """Each target with the held-out figure and whether it is met; TTFT twice, the mean and the median."""
+    def cell(name, got, limit):
+        return f"{name} {got:.1%} {'met' if got <= limit else 'NOT met'} (<= {limit:.0%})"
+    cells = [cell("TPOT", f["tpot_ms"]["mae"], TARGETS["tpot_ms"]),
+             cell("TTFT mean", f["ttft_ms"]["mae"], TARGETS["ttft_ms"])]
+    if p50["n"]:
+        cells.append(cell(f"TTFT median (n={p50['n']})", p50["mae"], TARGETS["ttft_ms"]))
+    cells.append(cell("tokens/s/GPU", f["tokens_per_s_per_gpu"]["mae"], TARGETS["tokens_per_s_per_gpu"]))
+    return f"{label:<26} " + " | ".join(cells)
+
+
 def _fmt_p50(label: str, f: dict) -> str:
     if not f["n"]:
         return f"{label:<26} TTFT p50 -"
@@ -847,6 +863,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{len(current)} rows; {len(runs) - len(current)} rows of older builds apart ({', '.join(older)})")
         for label, bases in (("both", base), ("source", loso), ("model", lomo)):
             print(_fmt(f"  current lines, {label}", figures([(r, predict_run(r, bases)) for r in current])))
+        print(target_line("issue 20 targets, both folds", figures(pairs), figure_p50(pairs)))
+        cur = [(r, p) for r, p in pairs if on_rendered_line(r)]
+        print(target_line("  on the current lines", figures(cur), figure_p50(cur)))
         by_source = base.held_out(runs, ("source",))
         print(_fmt("  family step by source only", figures([(r, predict_run(r, by_source)) for r in runs])))
         print(_fmt("  source only (committed)", figures([(r, predict_run(r, committed_params())) for r in runs])))

@@ -463,3 +463,11 @@ def test_rows_of_builds_older_than_the_rendered_engine_lines_are_dstacks_and_rep
     f = ev.figures([(r, ev.predict_run(r, by_source)) for r in current])
     for k, was in {"tpot_ms": 0.113, "ttft_ms": 0.346, "tokens_per_s_per_gpu": 0.105}.items():
         assert f[k]["mae"] <= was + MARGIN, (k, f[k])
+
+
+def test_the_target_line_says_met_only_within_issue_20s_limits():
+    f = {"tpot_ms": {"mae": 0.15}, "ttft_ms": {"mae": 0.301}, "tokens_per_s_per_gpu": {"mae": 0.2}}
+    line = ev.target_line("x", f, {"n": 3, "mae": 0.29})
+    assert "TPOT 15.0% met" in line and "TTFT mean 30.1% NOT met" in line
+    assert "TTFT median (n=3) 29.0% met" in line and "tokens/s/GPU 20.0% NOT met" in line
+    assert "median" not in ev.target_line("x", f, {"n": 0, "mae": float("nan")})
