@@ -280,9 +280,11 @@ _CATALOG: tuple[ModelArch, ...] = (
     # (a copy in tests/fixtures/models; tests/test_catalog.py checks this entry against it): 62 layers, all MoE (no
     # dense layer, no shared expert), 256 experts of FFN width 1536, top-8, GQA 48 query / 8 KV heads of 128,
     # vocabulary 200,064; FP8 weights (quant_method fp8, weight_block_size [128, 128], modules_to_not_convert:
-    # gate, e_score_correction_bias, lm_head). MiniMax-M2, M2.1, M2.5 and M2.7 share the architecture under their
-    # own ids; param_count gives 228.7B total (the model card: 230B) and 11.0B active (the card's 10B leaves out
-    # the 1.2B embedding and output tables).
+    # gate, e_score_correction_bias, lm_head). The ids of MiniMax-M2, M2.1, M2.5 and M2.7 map to it: M2.1 and M2.5
+    # are the same architecture re-trained (MiniMax's model cards); M2.7's config.json was not read here, it is
+    # taken as the same because SGLang's cookbook serves it with the same layouts (TP2 FP8 on 2 x 192 GB). param_count
+    # gives 228.7B total (the model card: 230B) and 11.0B active (the card's 10B leaves out the 1.2B embedding and
+    # output tables).
     _m(name="minimax-m2", num_layers=62, hidden_size=3072, num_attention_heads=48, num_kv_heads=8,
        head_dim=128, intermediate_size=1536, vocab_size=200064, num_experts=256, experts_per_token=8,
        moe_intermediate_size=1536, native_dtype="fp8", source=_hf("MiniMaxAI/MiniMax-M2.5")),
