@@ -281,7 +281,7 @@ _CATALOG: tuple[ModelArch, ...] = (
     # dense layer, no shared expert), 256 experts of FFN width 1536, top-8, GQA 48 query / 8 KV heads of 128,
     # vocabulary 200,064; FP8 weights (quant_method fp8, weight_block_size [128, 128], modules_to_not_convert:
     # gate, e_score_correction_bias, lm_head). The ids of MiniMax-M2, M2.1, M2.5 and M2.7 map to it: M2.1 and M2.5
-    # are the same architecture re-trained (MiniMax's model cards); M2.7's config.json was not read here, it is
+    # are the same architecture (github.com/SemiAnalysisAI/InferenceX/issues/826: M2.1 'is same arch' as M2.5); M2.7's config.json was not read here, it is
     # taken as the same because SGLang's cookbook serves it with the same layouts (TP2 FP8 on 2 x 192 GB). param_count
     # gives 228.7B total (the model card: 230B) and 11.0B active (the card's 10B leaves out the 1.2B embedding and
     # output tables).
