@@ -24,8 +24,8 @@ PUBLISHED = [
     ("deepseek-r1", 671e9, 37e9),
     ("gpt-oss-120b", 116.8e9, None),   # OpenAI's 5.1B active excludes the embedding table
     ("gpt-moe-1.8t", 1.8e12, None),
-    ("minimax-m2", 230e9, None),      # MiniMax's model card: 230B total; its 10B active leaves out the 1.2B
-                                      # embedding and output tables (param_count: 11.0B with them)
+    ("minimax-m2", 230e9, None),      # 230B: Xinference's model spec for MiniMaxAI/MiniMax-M2.5 ("Model Size
+                                      # (in billions): 230", inference.readthedocs.io models/builtin/llm)
 ]
 
 

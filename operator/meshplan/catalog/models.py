@@ -283,8 +283,7 @@ _CATALOG: tuple[ModelArch, ...] = (
     # gate, e_score_correction_bias, lm_head). The ids of MiniMax-M2, M2.1, M2.5 and M2.7 map to it: M2.1 and M2.5
     # are the same architecture (github.com/SemiAnalysisAI/InferenceX/issues/826: M2.1 'is same arch' as M2.5); M2.7's config.json was not read here, it is
     # taken as the same because SGLang's cookbook serves it with the same layouts (TP2 FP8 on 2 x 192 GB). param_count
-    # gives 228.7B total (the model card: 230B) and 11.0B active (the card's 10B leaves out the 1.2B embedding and
-    # output tables).
+    # gives 228.7B total (230B as the model is listed) and 11.0B active, 1.2B of it the embedding and output tables.
     _m(name="minimax-m2", num_layers=62, hidden_size=3072, num_attention_heads=48, num_kv_heads=8,
        head_dim=128, intermediate_size=1536, vocab_size=200064, num_experts=256, experts_per_token=8,
        moe_intermediate_size=1536, native_dtype="fp8", source=_hf("MiniMaxAI/MiniMax-M2.5")),
