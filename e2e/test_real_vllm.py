@@ -4,7 +4,10 @@ Issue 15, Build item 3. What is real and what stands in:
 
 - The LLMDeployment is examples/llama-3.1-8b-1gpu.yaml with autoscaling on (short windows) and
   `gpus.maxGpus: 3` (the example's 1 is the deployment's GPU ceiling, all replicas together, so it
-  would cap autoscaling at one replica). The operator plans, places and renders it as always.
+  would cap autoscaling at one replica). The operator plans, places and renders it as always. On a CPU
+  without AVX-512 or AMX (an AVX2-only EPYC) `spec.precision.kvCache` is pinned to bf16 before it is
+  applied: vLLM's CPU attention refuses the FP8 KV cache the planner picks for an H100
+  (`real_vllm.cpu_precision`, vLLM's own test asked of the engine venv's torch).
 - The leader pod of replica 0 is read back from the API server and its engine container's
   command + args run as a real `vllm serve` (vLLM 0.32.0, the CPU build from the package index, engine
   venv `vllm-0.32.0`). Only what a CPU machine forces is changed, and the test asserts the diff is
@@ -103,6 +106,7 @@ PROMQL_TOLERANCE = 0.10    # status.observed against our own PromQL at the evalu
 
 def manifest(up: float, down: float) -> dict[str, Any]:
     m = yaml.safe_load((REPO / "examples" / "llama-3.1-8b-1gpu.yaml").read_text())
+    rv.cpu_precision(m)          # the one CPU-forced change to the spec (none where vLLM's CPU build takes fp8 KV)
     m["spec"]["gpus"]["maxGpus"] = MAX_REPLICAS
     m["spec"]["autoscaling"] = {"enabled": True, "minReplicas": 1, "maxReplicas": MAX_REPLICAS,
                                 "upWindowSeconds": UP_WINDOW_S, "downWindowSeconds": DOWN_WINDOW_S,
@@ -408,6 +412,10 @@ def test_real_vllm_serves_is_scraped_with_podmonitor_labels_and_is_autoscaled(
         rendered = c["command"] + c["args"]
         print(f"[real-vllm] rendered argv: {rendered}")
         assert "--tensor-parallel-size" in rendered and rendered[rendered.index("--tensor-parallel-size") + 1] == "1"
+        # the plan's KV dtype, as rendered: the planner's fp8 where this CPU's vLLM takes it, else the pinned bf16
+        # (the model's dtype: no --kv-cache-dtype flag)
+        kv = rendered[rendered.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in rendered else "auto"
+        assert kv == ("fp8" if rv.cpu_runs_fp8_kv() else "auto"), rendered
 
         port = rv.free_port()
         launch = rv.cpu_launch(leader, model_dir, port, {("hf-token", "token"): "hf_e2e_not_a_real_token"})
