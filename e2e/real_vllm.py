@@ -25,6 +25,7 @@ Used by e2e/test_real_vllm.py and benchmarks/real_vllm.py. Pieces, each small an
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -85,32 +86,26 @@ def engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 # the engine venv's torch, say whether this machine can run a plan's fp8 KV cache (an AVX2-only EPYC cannot).
 _FP8_KV_PROBE = ("import torch; "
                  "print(int(bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_supported())))")
-_FP8_KV: list[bool] = []
 
 
+@functools.cache
 def cpu_runs_fp8_kv() -> bool:
-    """Whether vLLM's CPU attention on this machine takes an FP8 KV cache (vLLM's own test, above; cached)."""
-    if not _FP8_KV:
-        out = subprocess.run([str(engine_python()), "-c", _FP8_KV_PROBE], capture_output=True, text=True,
-                             timeout=180, env=engine_env())
-        if out.returncode != 0 or out.stdout.strip()[-1:] not in ("0", "1"):
-            raise RuntimeError(f"the engine venv's torch did not answer the FP8 KV probe: {out.stderr[-2000:]}")
-        _FP8_KV.append(out.stdout.strip()[-1:] == "1")
-    return _FP8_KV[0]
+    """Whether vLLM's CPU attention on this machine takes an FP8 KV cache (vLLM's own test, above)."""
+    out = subprocess.run([str(engine_python()), "-c", _FP8_KV_PROBE], capture_output=True, text=True,
+                         timeout=180, env=engine_env())
+    if out.returncode != 0 or out.stdout.strip()[-1:] not in ("0", "1"):
+        raise RuntimeError(f"the engine venv's torch did not answer the FP8 KV probe: {out.stderr[-2000:]}")
+    return out.stdout.strip()[-1:] == "1"
 
 
-def cpu_precision(manifest: dict[str, Any]) -> list[str]:
+def cpu_precision(manifest: dict[str, Any]) -> None:
     """A CPU-forced change to an LLMDeployment manifest, made before it is applied: where this machine's vLLM
-    cannot hold an FP8 KV cache (`cpu_runs_fp8_kv`), `spec.precision.kvCache` is pinned to bf16 (the model's
-    own dtype), so the plan the operator renders is one this CPU runs; a pinned dtype is used as given by the
-    planner (api.models Precision.kv_cache). Returns the changes made (none on AVX-512 / AMX machines)."""
+    cannot hold an FP8 KV cache (`cpu_runs_fp8_kv`), an `auto` or `fp8` `spec.precision.kvCache` is pinned to
+    bf16 (the model's own dtype), so the plan the operator renders is one this CPU runs (a pinned dtype is
+    used as given: api.models Precision.kv_cache). Nothing changes on AVX-512 / AMX machines."""
     precision = manifest["spec"].setdefault("precision", {})
-    if cpu_runs_fp8_kv() or precision.get("kvCache", "auto") not in ("auto", "fp8"):
-        return []
-    was = precision.get("kvCache", "auto")
-    precision["kvCache"] = "bf16"
-    return [f"spec.precision.kvCache {was} -> bf16 (this CPU has neither AVX-512 nor AMX: vLLM's CPU attention "
-            "refuses an FP8 KV cache)"]
+    if not cpu_runs_fp8_kv() and precision.get("kvCache", "auto") in ("auto", "fp8"):
+        precision["kvCache"] = "bf16"
 
 
 def free_port() -> int:

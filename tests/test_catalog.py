@@ -143,7 +143,6 @@ def test_every_model_has_a_source():
         assert m.source, m.name
 
 
-
 def test_minimax_m2_catalogue_entry_is_the_real_config_for_every_release():
     # the catalogue's minimax-m2 (the evidence base's MiniMax-M2.5 and M2.7 rows) against the real MiniMax-M2.5
     # config.json (tests/fixtures/models, SOURCES.md): the same dimensions and dtypes, under every release's id
@@ -152,8 +151,8 @@ def test_minimax_m2_catalogue_entry_is_the_real_config_for_every_release():
 
     from meshplan.catalog.models import load_hf_config
 
-    real = load_hf_config(Path(__file__).resolve().parent / "fixtures" / "models" / "MiniMaxAI--MiniMax-M2.5_config.json",
-                          name="MiniMaxAI/MiniMax-M2.5")
+    fixture = Path(__file__).resolve().parent / "fixtures" / "models" / "MiniMaxAI--MiniMax-M2.5_config.json"
+    real = load_hf_config(fixture, name="MiniMaxAI/MiniMax-M2.5")
     ids = ("MiniMaxAI/MiniMax-M2", "MiniMaxAI/MiniMax-M2.1", "MiniMaxAI/MiniMax-M2.5", "MiniMaxAI/MiniMax-M2.7")
     archs = {get_model(i) for i in ids}
     assert len(archs) == 1

@@ -858,9 +858,10 @@ def predict_disagg(
         ranks = max(1, prefill_workers * pm.attn_dp)
         wave = _wave(q, engine)
         in_wave = max(0.0, concurrency / ranks / per_iter_reqs - 1.0)
-        ttft = q.ttft_base_ms + q.ttft_iters * tpot + service_ms * (1.0 + wave * in_wave) + xfer_ms
+        in_line = service_ms * (1.0 + wave * in_wave)
+        ttft = q.ttft_base_ms + q.ttft_iters * tpot + in_line + xfer_ms
         # steady state (`_core`): one request's prefill alone, no wave; in step, every round's wave
-        waited = (service_ms * (1.0 + wave * in_wave) if workload.synchronized else
+        waited = (in_line if workload.synchronized else
                   pm.pp * iteration_ms(model, pst, pm, q, 0.0, 0.0, float(min(isl, dchunk)), isl / 2.0) * n_iter)
         ttft_p50 = q.ttft_p50_base_ms + q.ttft_p50_iters * tpot + waited + xfer_ms
     else:
