@@ -247,7 +247,9 @@ def test_the_engines_own_router_fronts_only_the_served_revision_through_a_rollou
         time.sleep(0.5)
     else:
         raise AssertionError(f"the router did not move to the new revision: seen {seen}, urls {urls}")
-    assert seen == {rev, served}, seen
+    # no third revision was ever named (the old one is at the polls before the switch when a poll lands there: the
+    # kwok rollout can switch within a second of the apply, and a 'the old one was seen' check would be a poll race)
+    assert served in seen and seen <= {rev, served}, (seen, rev, served)
 
 
 def test_an_aggregated_deployment_gets_an_inference_pool_when_it_asks(cluster, ns):
