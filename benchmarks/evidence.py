@@ -46,7 +46,7 @@ from pathlib import Path
 
 from meshplan.catalog.gpus import get_gpu
 from meshplan.catalog.models import get_model
-from meshplan.planner.calibration import FAMILY_STEP_MS, FITTED_PARAMS, TTFT_P50
+from meshplan.planner.calibration import FAMILY_STEP_MS, FITTED_PARAMS, TTFT_P50, measured_run_fit
 from meshplan.planner.perf import PerfParams, committed_params, predict, with_committed_ttft_p50
 from meshplan.planner.memory import ReplicaMapping
 from meshplan.planner.types import Speculative, Workload, acceptance_rate_for_length
@@ -241,11 +241,17 @@ def _resolve(params, run: "Run") -> PerfParams:
     return params.for_run(run) if isinstance(params, Bases) else params
 
 
+def run_memory(run: "Run"):
+    """The row's memory fit as its run had it (`calibration.measured_run_fit`: the run was served, so it fit)."""
+    return measured_run_fit(get_model(run.model), get_gpu(run.gpu), run.mapping, weight_dtype=run.weight_dtype,
+                            kv_dtype=run.kv_dtype, context_tokens=run.isl + run.osl, engine=run.engine)
+
+
 def predict_run(run: Run, params) -> dict:
     params = _resolve(params, run)
     p = predict(get_model(run.model), get_gpu(run.gpu), run.mapping,
                 workload_of(run), weight_dtype=run.weight_dtype, kv_dtype=run.kv_dtype,
-                engine=run.engine, concurrency=run.concurrency, params=params)
+                engine=run.engine, concurrency=run.concurrency, params=params, memory=run_memory(run))
     return {"tpot_ms": p.tpot_ms, "ttft_ms": p.ttft_ms, "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
             P50: p.ttft_p50_ms}
 

@@ -39,9 +39,12 @@ SPEARMAN_FIRST = {"tpot_ms": 0.70, "ttft_ms": 0.81, "tokens_per_s_per_gpu": 0.97
 # Fourth build (2026-12-02, session 4): MiniMax-M2.x, a model outside the calibration set, on MI300X (SGLang 0.5.13),
 # GB300 (SGLang 0.5.10) and H100 (vLLM 0.16): 228 rows, 29 sources; CDNA3's overhead for DeepSeek-R1's rows is now
 # fitted on two other models' rows (10 ms, was gpt-oss-120b's alone): 27.4% / 43.5% / 37.8% -> 25.1% / 43.2% / 35.8%
-MEASURED = {"tpot_ms": 0.251, "ttft_ms": 0.432, "tokens_per_s_per_gpu": 0.358}
-MEASURED_NO_SUSPECT = {"tpot_ms": 0.250, "ttft_ms": 0.435, "tokens_per_s_per_gpu": 0.355}
-SPEARMAN = {"tpot_ms": 0.87, "ttft_ms": 0.90, "tokens_per_s_per_gpu": 0.93}
+# Session 5 (2026-12-02 evening): every row is priced with the memory its run had (`evidence.run_memory`,
+# `calibration.measured_run_fit`): 25.1% / 43.2% / 35.8% -> 24.9% / 43.2% / 35.4% (two B200 TP4 rows that fit
+# only above the default memory fraction had been priced one sequence at a time)
+MEASURED = {"tpot_ms": 0.249, "ttft_ms": 0.432, "tokens_per_s_per_gpu": 0.354}
+MEASURED_NO_SUSPECT = {"tpot_ms": 0.248, "ttft_ms": 0.435, "tokens_per_s_per_gpu": 0.349}
+SPEARMAN = {"tpot_ms": 0.87, "ttft_ms": 0.90, "tokens_per_s_per_gpu": 0.94}
 
 
 @pytest.fixture(scope="module")
@@ -469,3 +472,31 @@ def test_the_target_line_says_met_only_within_issue_20s_limits():
     assert "TPOT 15.0% met" in line and "TTFT mean 30.1% NOT met" in line
     assert "TTFT median (n=3) 29.0% met" in line and "tokens/s/GPU 20.0% NOT met" in line
     assert "median" not in ev.target_line("x", f, {"n": 0, "mae": float("nan")})
+
+
+def test_a_row_that_fits_only_above_the_default_memory_fraction_is_priced_as_its_run_fit(runs, bases):
+    """InferenceX ran DeepSeek-R1 FP8 on 4 B200 (TP4) with `--mem-fraction-static 0.95` (sources.yaml
+    ixapp-b200-sgl-fp8-2603-tp4): at the default fraction 0.9 the weights alone do not fit, and the rows were
+    priced as one sequence at a time (TPOT 6.0 ms at every concurrency, TTFT 95-197 s against 1.0-1.5 s
+    measured). A measured run was served, so it fit: the evidence rows take the calibration's rule
+    (`calibration.measured_run_fit`), and their TPOT is then within 10% of the measured 22.3 / 34.1 ms."""
+    from meshplan.planner.memory import memory_fit
+    from meshplan.planner.perf import engine_defaults
+
+    rows = [r for r in runs if r.source == "ixapp-b200-sgl-fp8-2603-tp4"]
+    assert len(rows) == 2
+    for r in rows:
+        at_default = memory_fit(ev.get_model(r.model), ev.get_gpu(r.gpu), r.mapping, weight_dtype=r.weight_dtype,
+                                kv_dtype=r.kv_dtype, context_tokens=r.isl + r.osl, engine=r.engine)
+        assert not at_default.fits and "exceed" in at_default.reason
+        assert ev.run_memory(r).fits
+        p = ev.predict_run(r, bases)
+        assert abs(p["tpot_ms"] / r.measured["tpot_ms"] - 1.0) < 0.10, (r.concurrency, p, r.measured)
+        assert p["ttft_ms"] < 10 * r.measured["ttft_ms"], (r.concurrency, p, r.measured)
+    # where the default fraction fits, the rule changes nothing
+    fits = next(r for r in runs if r.source == "inferencex-828-h100")
+    gpu = ev.get_gpu(fits.gpu)
+    assert ev.run_memory(fits) == memory_fit(ev.get_model(fits.model), gpu, fits.mapping,
+                                             weight_dtype=fits.weight_dtype, kv_dtype=fits.kv_dtype,
+                                             context_tokens=fits.isl + fits.osl, engine=fits.engine,
+                                             chunk_size=engine_defaults(fits.engine, gpu)[0])

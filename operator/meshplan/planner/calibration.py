@@ -284,20 +284,28 @@ def scenario_from_row(row: dict, configs_dir: str | Path | None) -> Scenario:
     return Scenario(**common, concurrency=bs * mapping.attn_dp, mapping=realizable(mapping, model))
 
 
+def measured_run_fit(model, gpu, mapping, *, weight_dtype: str, kv_dtype: str, context_tokens: int, engine: str):
+    """The memory fit of a layout a measured run served: it did fit, so where the default memory fraction (0.9)
+    is too small the operator must have raised it; the fit at the largest fraction engines accept in practice
+    (`MAX_MEMORY_FRACTION`) then. Used for the calibration scenarios and the evidence rows alike (issue 20: one
+    InferenceX source ran DeepSeek-R1 FP8 on 4 B200 with `--mem-fraction-static 0.95`; at 0.9 the weights alone
+    do not fit, and the row was priced as one sequence at a time)."""
+    chunk = perf.engine_defaults(engine, gpu)[0]
+    for fraction in (0.9, MAX_MEMORY_FRACTION):
+        mf = memory_fit(model, gpu, mapping, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                        context_tokens=context_tokens, chunk_size=chunk, engine=engine, memory_fraction=fraction)
+        if mf.fits:
+            break
+    return mf
+
+
 def predict_scenario(sc: Scenario, params: PerfParams | None = None) -> tuple[float, float]:
     """(ttft_ms, tpot_ms) predicted for one scenario."""
     q = params or FITTED_PARAMS
     wl = Workload(isl=sc.isl, osl=sc.osl, concurrency=sc.concurrency)
     if sc.mapping is not None:
-        # a measured run did fit: when the default fraction is too small, the operator
-        # must have raised it; try the largest fraction engines accept in practice
-        for fraction in (0.9, MAX_MEMORY_FRACTION):
-            mf = memory_fit(sc.model, sc.gpu, sc.mapping, weight_dtype=sc.weight_dtype, kv_dtype=sc.kv_dtype,
-                            context_tokens=sc.isl + sc.osl,
-                            chunk_size=perf.engine_defaults(sc.engine, sc.gpu)[0],
-                            engine=sc.engine, memory_fraction=fraction)
-            if mf.fits:
-                break
+        mf = measured_run_fit(sc.model, sc.gpu, sc.mapping, weight_dtype=sc.weight_dtype, kv_dtype=sc.kv_dtype,
+                              context_tokens=sc.isl + sc.osl, engine=sc.engine)
         if not mf.fits:
             raise ValueError(f"layout does not fit memory even at memory fraction {MAX_MEMORY_FRACTION}: {mf.reason}")
         pr = perf.predict(sc.model, sc.gpu, sc.mapping, wl, weight_dtype=sc.weight_dtype,
