@@ -18,8 +18,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -272,51 +270,3 @@ def _metrics_up(port: int) -> bool:
         return True
     except OSError:
         return False
-
-
-class Watch:
-    """`kubectl get RESOURCE... --watch -o json` in the background: every version of the objects the API server
-    sends (none missed between polls, as a poll of a fast kwok rollout can miss a sub-second state), each stamped
-    with this machine's wall clock on arrival. `what` is kubectl's (`"llmd", NAME` or `"pods", "-l", SELECTOR`);
-    with `events=True` each item is the watch event `{"type": ADDED|MODIFIED|DELETED, "object": ...}`."""
-
-    def __init__(self, cluster, namespace: str, *what: str, events: bool = False) -> None:
-        self.argv = [str(cluster.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", "get", *what,
-                     "-n", namespace, "--watch", "-o", "json", *(["--output-watch-events"] if events else [])]
-        self.objects: list[tuple[float, dict[str, Any]]] = []
-        self.lock = threading.Lock()
-        self.proc: subprocess.Popen | None = None
-        self.thread = threading.Thread(target=self._read, daemon=True)
-
-    def start(self) -> "Watch":
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-        self.thread.start()
-        return self
-
-    def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        buf: list[str] = []
-        for line in self.proc.stdout:
-            buf.append(line)
-            if line.rstrip("\n") == "}":          # kubectl pretty-prints: a top-level object ends at column 0
-                try:
-                    obj = json.loads("".join(buf))
-                except ValueError:
-                    continue
-                buf = []
-                with self.lock:
-                    self.objects.append((time.time(), obj))
-
-    def snapshot(self) -> list[tuple[float, dict[str, Any]]]:
-        with self.lock:
-            return list(self.objects)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
