@@ -18,9 +18,9 @@ Used by e2e/test_real_vllm.py and benchmarks/real_vllm.py. Pieces, each small an
   real Prometheus, with that job).
 - `RealVllm`: the process (its own process group; `stop()` ends it and its engine-core child).
 - `bench(...)`: `vllm bench serve` from the same venv (the load generator), its JSON result.
-- `StatusWatch` / `evaluations(...)`: every version of the LLMDeployment a `kubectl get --watch`
-  sees, and the correction evaluations status.observed shows in them (issue 20's predicted vs
-  observed).
+- `evaluations(...)`: the correction evaluations status.observed shows in every version of the
+  LLMDeployment a `kubectl get --watch` (e2e/reliability/kit.py `Watch`) sees (issue 20's predicted
+  vs observed).
 """
 
 from __future__ import annotations
@@ -432,55 +432,6 @@ class RealVllm:
 # ----------------------------------------------------------------------------- status over time
 
 
-class StatusWatch:
-    """`kubectl get llmd NAME --watch -o json`: every version of the object the API server sends
-    (so every status write of the operator, none missed between polls), stamped with this machine's
-    wall clock on arrival."""
-
-    def __init__(self, cluster: Any, namespace: str, name: str) -> None:
-        import threading
-
-        self.argv = [str(cluster.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", "get", "llmd", name,
-                     "-n", namespace, "--watch", "-o", "json"]
-        self.objects: list[tuple[float, dict[str, Any]]] = []
-        self.lock = threading.Lock()
-        self.proc: subprocess.Popen | None = None
-        self.thread = threading.Thread(target=self._read, daemon=True)
-
-    def start(self) -> "StatusWatch":
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-        self.thread.start()
-        return self
-
-    def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        buf: list[str] = []
-        for line in self.proc.stdout:
-            buf.append(line)
-            if line.rstrip("\n") == "}":          # kubectl pretty-prints: a top-level object ends at column 0
-                try:
-                    obj = json.loads("".join(buf))
-                except ValueError:
-                    continue
-                buf = []
-                with self.lock:
-                    self.objects.append((time.time(), obj))
-
-    def snapshot(self) -> list[tuple[float, dict[str, Any]]]:
-        with self.lock:
-            return list(self.objects)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
 def _epoch(rfc3339: str | None) -> float | None:
     from datetime import datetime, timezone
 
@@ -582,6 +533,6 @@ class Bench:
                     pass
 
 
-__all__ = ["Bench", "Evaluation", "Launch", "RealVllm", "RelabelPrometheus", "StatusWatch", "cpu_launch",
+__all__ = ["Bench", "Evaluation", "Launch", "RealVllm", "RelabelPrometheus", "cpu_launch",
            "engine_python", "evaluations", "pod_sd_labels",
            "podmonitor_scrape_config", "write_tiny_model"]

@@ -282,31 +282,68 @@ def test_an_aggregated_deployment_gets_an_inference_pool_when_it_asks(cluster, n
     assert {p["metadata"]["uid"] for p in kit.pods(cluster, ns) if p["metadata"]["name"].startswith(f"{name}-r")} == uids
 
 
+def _decode_timeline(events: list[tuple[float, dict]]) -> list[tuple[float, dict[str, bool]]]:
+    """From a pod watch's events, the decode pods alive (not deleted, no deletionTimestamp) after each event, each
+    with whether it is Ready: [(arrival, {pod name: ready})]."""
+    live: dict[str, bool] = {}
+    out = []
+    for t, ev in events:
+        p = ev.get("object") or {}
+        md = p.get("metadata") or {}
+        if md.get("labels", {}).get(LABEL_SERVING_ROLE) != "decode":
+            continue
+        if ev.get("type") == "DELETED" or md.get("deletionTimestamp"):
+            live.pop(md["name"], None)
+        else:
+            live[md["name"]] = _ready(p)
+        out.append((t, dict(live)))
+    return out
+
+
 def test_a_group_on_a_cordoned_node_moves_make_before_break(cluster, ns):
     """A ready decode group whose node is cordoned keeps serving while a replacement is created elsewhere, and is
-    deleted only once the replacement is ready: at every poll the pool selects a ready decode pod."""
+    deleted only once the replacement is ready: at every poll the pool selects a ready decode pod, and in every
+    pod version the API server sent (a `kubectl get --watch`, which a poll can miss: in one CI run the replacement
+    and the old group stood together for 0.7 s, between two polls) a ready decode pod is alive, and the old one
+    goes only while its replacement is alive and Ready."""
     name = "r1-move"
     kit.apply(cluster, ns, r1(name))
     available(cluster, ns, name)
     decode = next(p for p in kit.pods(cluster, ns) if p["metadata"]["labels"].get(LABEL_SERVING_ROLE) == "decode")
-    node = decode["spec"]["nodeName"]
+    node, old = decode["spec"]["nodeName"], decode["metadata"]["name"]
+    watch = kit.Watch(cluster, ns, "pods", events=True).start()
+    try:
+        kit.wait(lambda: any(ev["object"]["metadata"]["name"] == old for _, ev in watch.snapshot()), 30,
+                 "the pod watch listing the decode pod")
+    except AssertionError as e:
+        watch.stop()
+        raise AssertionError(f"{e}; {len(watch.snapshot())} watch items; kubectl stderr: {watch.stderr()[-2000:]!r}")
     cluster.kubectl("cordon", node)
     try:
-        deadline, seen_two = time.monotonic() + 120, False
+        deadline, live = time.monotonic() + 120, []
         while time.monotonic() < deadline:
             sel, _, o = _snapshot(cluster, ns, name)
             ready_decode = [1 for r, _, ok in sel if r == "decode" and ok]
             assert ready_decode, f"no ready decode pod selected during the move: {sel}"
             live = [p for p in kit.pods(cluster, ns) if not p["metadata"].get("deletionTimestamp")
                     and p["metadata"]["labels"].get(LABEL_SERVING_ROLE) == "decode"]
-            seen_two |= len(live) == 2
-            if decode["metadata"]["name"] not in {p["metadata"]["name"] for p in live} and live \
+            if old not in {p["metadata"]["name"] for p in live} and live \
                     and all(p["spec"].get("nodeName") != node for p in live):
                 break
             time.sleep(0.5)
         else:
             raise AssertionError(f"the decode group did not move off {node}: {[(p['metadata']['name'], p['spec'].get('nodeName')) for p in live]}")
-        assert seen_two, "the old group was deleted before its replacement existed"
-        assert any(e.get("reason") == "ReplicaMoved" for e in kit.events(cluster, ns, name))
+        time.sleep(1)                                    # the watch's last events arrive
+        timeline = _decode_timeline(watch.snapshot())
+        assert timeline and old in timeline[0][1], timeline[:3]
+        assert all(any(ready.values()) for _, ready in timeline), \
+            f"a moment with no ready decode pod alive: {next(s for _, s in timeline if not any(s.values()))}"
+        gone = next((i for i, (_, s) in enumerate(timeline) if old not in s), None)
+        assert gone is not None, f"the pod watch never saw {old} go: {timeline[-3:]}"
+        before = timeline[gone - 1][1]
+        assert any(ok for n, ok in before.items() if n != old), \
+            f"the old group was deleted before its replacement was alive and Ready: decode pods just before: {before}"
+        assert any(ev.get("reason") == "ReplicaMoved" for ev in kit.events(cluster, ns, name))
     finally:
+        watch.stop()
         cluster.kubectl("uncordon", node)

@@ -36,7 +36,7 @@ Issue 15, Build item 3. What is real and what stands in:
   thresholds are parked at up 10 / down 0.1, so nothing scales before they are chosen.
 
 Predicted against observed on the same run (issue 20, Done when; `check_observed_and_drift`): a
-`kubectl get --watch` (`real_vllm.StatusWatch`) records every status write, so every correction
+`kubectl get --watch` (e2e/reliability/kit.py `Watch`) records every status write, so every correction
 evaluation is seen. The load stays on until both correction factors have reached the load's
 observed/predicted ratio (about a rate window, 30 s, longer than before), then:
 - status.observed is the real server's: TTFT/ITL at the SLO percentile and p50/p99 and tokens/s per GPU
@@ -74,6 +74,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
+from e2e.reliability.kit import Watch
 from meshplan.autoscale import drift
 from meshplan.controller.autoscaling import rate_window_s
 
@@ -396,7 +397,7 @@ def test_real_vllm_serves_is_scraped_with_podmonitor_labels_and_is_autoscaled(
         cluster.kubectl("create", "secret", "generic", "hf-token", "-n", NS,
                         "--from-literal=token=hf_e2e_not_a_real_token")
         cluster.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(manifest(up=10.0, down=0.1)))
-        watch = rv.StatusWatch(cluster, NS, NAME).start()      # every status write, for the drift checks
+        watch = Watch(cluster, NS, "llmd", NAME).start()      # every status write, for the drift checks
         procs.append(watch)
         model_dir = rv.tiny_model_dir()
         cfg = rv.write_tiny_model(model_dir)

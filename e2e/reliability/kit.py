@@ -18,6 +18,9 @@ import json
 import os
 import re
 import signal
+import subprocess
+import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -270,3 +273,67 @@ def _metrics_up(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+class Watch:
+    """`kubectl get RESOURCE... --watch -o json` in the background: every version of the objects the API server
+    sends (none missed between polls, as a poll of a fast kwok rollout can miss a sub-second state), each stamped
+    with this machine's wall clock on arrival. `what` is kubectl's (`"llmd", NAME` or `"pods", "-l", SELECTOR`);
+    with `events=True` each item is the watch event `{"type": ADDED|MODIFIED|DELETED, "object": ...}`."""
+
+    def __init__(self, cluster, namespace: str, *what: str, events: bool = False) -> None:
+        self.argv = [str(cluster.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", "get", *what,
+                     "-n", namespace, "--watch", "-o", "json", *(["--output-watch-events"] if events else [])]
+        self.objects: list[tuple[float, dict[str, Any]]] = []
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+
+    def start(self) -> "Watch":
+        self.err = tempfile.TemporaryFile("w+")          # a file, not a pipe: an unread pipe could stall kubectl
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=self.err,
+                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        self.thread.start()
+        return self
+
+    def _read(self) -> None:
+        """Parse the stream as a sequence of JSON values, however kubectl lays them out: it pretty-prints each
+        object over many lines with plain `--watch -o json`, but writes each event on one line with
+        `--output-watch-events` (kubectl v1.36.3, checked against the dev cluster)."""
+        assert self.proc is not None and self.proc.stdout is not None
+        decoder, buf = json.JSONDecoder(), ""
+        for line in self.proc.stdout:
+            buf += line
+            if not line.rstrip().endswith("}"):          # no JSON value can end on this line
+                continue
+            while True:
+                buf = buf.lstrip()
+                if not buf:
+                    break
+                try:
+                    obj, end = decoder.raw_decode(buf)
+                except ValueError:                  # an object not yet complete: read on
+                    break
+                buf = buf[end:]
+                with self.lock:
+                    self.objects.append((time.time(), obj))
+
+    def stderr(self) -> str:
+        """What kubectl wrote to stderr so far (for a failure message)."""
+        if self.proc is None:
+            return ""
+        self.err.seek(0)
+        return self.err.read()
+
+    def snapshot(self) -> list[tuple[float, dict[str, Any]]]:
+        with self.lock:
+            return list(self.objects)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
