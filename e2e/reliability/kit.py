@@ -275,6 +275,27 @@ def _metrics_up(port: int) -> bool:
         return False
 
 
+def json_values(lines):
+    """The JSON values in a stream of text lines, each as soon as its last line arrives, however kubectl lays them
+    out: `get --watch -o json` pretty-prints each object over many lines, `--output-watch-events` writes each event
+    on one line (kubectl v1.36.3, read off the dev cluster). A value is tried only at a line ending in "}"."""
+    decoder, buf = json.JSONDecoder(), ""
+    for line in lines:
+        buf += line
+        if not line.rstrip().endswith("}"):
+            continue
+        while True:
+            buf = buf.lstrip()
+            if not buf:
+                break
+            try:
+                obj, end = decoder.raw_decode(buf)
+            except ValueError:                      # not complete yet: read on
+                break
+            buf = buf[end:]
+            yield obj
+
+
 class Watch:
     """`kubectl get RESOURCE... --watch -o json` in the background: every version of the objects the API server
     sends (none missed between polls, as a poll of a fast kwok rollout can miss a sub-second state), each stamped
@@ -297,26 +318,10 @@ class Watch:
         return self
 
     def _read(self) -> None:
-        """Parse the stream as a sequence of JSON values, however kubectl lays them out: it pretty-prints each
-        object over many lines with plain `--watch -o json`, but writes each event on one line with
-        `--output-watch-events` (kubectl v1.36.3, checked against the dev cluster)."""
         assert self.proc is not None and self.proc.stdout is not None
-        decoder, buf = json.JSONDecoder(), ""
-        for line in self.proc.stdout:
-            buf += line
-            if not line.rstrip().endswith("}"):          # no JSON value can end on this line
-                continue
-            while True:
-                buf = buf.lstrip()
-                if not buf:
-                    break
-                try:
-                    obj, end = decoder.raw_decode(buf)
-                except ValueError:                  # an object not yet complete: read on
-                    break
-                buf = buf[end:]
-                with self.lock:
-                    self.objects.append((time.time(), obj))
+        for obj in json_values(self.proc.stdout):
+            with self.lock:
+                self.objects.append((time.time(), obj))
 
     def stderr(self) -> str:
         """What kubectl wrote to stderr so far (for a failure message)."""
