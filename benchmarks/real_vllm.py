@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))          # the e2e package (e2e/reliability/kit.py's Watch, which test_real_vllm imports)
 
 
 def _load(name: str):
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     rv = _load("real_vllm")
     test = _load("test_real_vllm")
     chart_credentials = _load("chart_credentials")
+    from e2e.reliability.kit import Watch
     from meshplan.controller.process import OperatorProcess
     from meshplan.devcluster import Cluster
 
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         m["spec"]["gpus"]["maxGpus"] = args.max_replicas
         m["spec"]["autoscaling"]["maxReplicas"] = args.max_replicas
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(m))
-        watch = rv.StatusWatch(cluster, ns, name).start()      # every status write (status.observed over time)
+        watch = Watch(cluster, ns, "llmd", name).start()      # every status write (status.observed over time)
         stop.append(watch.stop)
         model_dir = rv.tiny_model_dir()
         rv.write_tiny_model(model_dir)
