@@ -458,6 +458,9 @@ VARIANTS = {
     "amd_eff+ttft_iters": _grid(amd=(0.4, 0.5, 0.55, 0.6, 0.7, 0.8, 1.0), ttft_iters=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.5)),
     # the same with admission by benchmark round
     "amd_eff+rounds": _grid(amd=(0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 1.0)),
+    # admission by benchmark round with the fixed per-request cost: what rounds admission alone leaves is every
+    # InferenceX row's TTFT under-predicted by 25-240 ms, a per-request offset (docs/evidence.md)
+    "ttft_fixed_ms+rounds": _grid(ttft=TTFT_FIXED),
 }
 
 

@@ -185,6 +185,17 @@ def test_rounds_admission_weights_the_wave_by_the_clients_rounds(runs):
             assert got["tpot_ms"] == wave["tpot_ms"]
 
 
+def test_rounds_admission_with_a_fixed_cost_is_rounds_admission_shifted_by_it(runs):
+    """`ttft_fixed_ms+rounds` at 0 ms is `rounds_admission`; at x ms every TTFT is x later (the wave's and the
+    steady state's alike, so their rounds-weighted mean too) and nothing else moves."""
+    for r in runs[::3]:
+        rounds = ev.predict_variant("rounds_admission", r, FITTED_PARAMS, {})
+        assert ev.predict_variant("ttft_fixed_ms+rounds", r, FITTED_PARAMS, {"ttft": 0.0}) == rounds
+        got = ev.predict_variant("ttft_fixed_ms+rounds", r, FITTED_PARAMS, {"ttft": 100.0})
+        assert got["ttft_ms"] == pytest.approx(rounds["ttft_ms"] + 100.0)
+        assert got["tpot_ms"] == rounds["tpot_ms"] and got["tokens_per_s_per_gpu"] == rounds["tokens_per_s_per_gpu"]
+
+
 def test_amd_efficiency_slows_amd_rows_only(runs):
     """`amd_eff` at 1 is the committed model; below 1 it slows every AMD row and leaves NVIDIA rows as they are."""
     from meshplan.catalog.gpus import get_gpu
