@@ -6,6 +6,7 @@
                                                    # leave-one-source-out and leave-one-model-out
     python benchmarks/evidence.py --variants       # every candidate, both folds, one line each
     python benchmarks/evidence.py --no-suspect     # without the sources sources.yaml marks suspect
+    python benchmarks/evidence.py --decompose      # which held-out part the leave-one-model-out misses come from
     python benchmarks/evidence.py --find-overlap   # rewrite runs.csv's calibration_id from the calibration set
     python benchmarks/evidence.py --refit-lomo --iters 500 --jobs 2   # rewrite lomo_params.json (3 min)
     python benchmarks/evidence.py --fit-family-step  # calibration.FAMILY_STEP_MS from the AMD rows
@@ -767,6 +768,25 @@ def refit_lomo(calibration_dir: Path, iters: int, jobs: int, path: Path = LOMO_P
     return data
 
 
+def decompose(runs: list[Run], folds: "Bases") -> list[tuple[str, dict]]:
+    """Which held-out part the leave-one-model-out misses come from, on the engine lines the planner renders for:
+    the figures with each of the two parts held out by model or by source only. The parts: the calibration
+    parameters (the model's leave-one-model-out fold, `lomo_params.json`, or the committed fit, which saw the
+    model's architecture but not the row's source) and the AMD families' per-step overhead (fitted without the
+    row's source and model, or without its source only). The first line is the "current lines, both" figure,
+    the last the "current lines, source" one."""
+    current = [r for r in runs if on_rendered_line(r)]
+    committed = Bases(folds.committed, {})
+    out = []
+    for label, params, hold in (("fold / step w/o source+model", folds, ("source", "model")),
+                                ("committed / step w/o source+model", committed, ("source", "model")),
+                                ("fold / step w/o source", folds, ("source",)),
+                                ("committed / step w/o source", committed, ("source",))):
+        b = params.held_out(runs, hold)
+        out.append((label, figures([(r, predict_run(r, b)) for r in current])))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=HERE / "runs.csv")
@@ -784,6 +804,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="fit calibration.TTFT_P50 on the calibration rows' median TTFT; print it")
     ap.add_argument("--fit-family-step", action="store_true",
                     help="fit calibration.FAMILY_STEP_MS on every held-out row of each family; print it")
+    ap.add_argument("--decompose", action="store_true",
+                    help="the current engine lines' figures with the calibration fold and the AMD family step each "
+                         "held out by model or by source only (which part the leave-one-model-out misses come from)")
     ap.add_argument("--find-overlap", action="store_true",
                     help="rewrite runs.csv's calibration_id column from the calibration set (--calibration)")
     ap.add_argument("--calibration", type=Path, default=None, help="calibration dir (default ../shared/data/calibration)")
@@ -828,6 +851,13 @@ def main(argv: list[str] | None = None) -> int:
             ms = fit_family_step(runs, g, lambda r: FITTED_PARAMS)
             n = sum(1 for r in runs if get_gpu(r.gpu).family == g)
             print(f"{g}: {ms:.1f} ms per step on {n} rows (committed FAMILY_STEP_MS: {FAMILY_STEP_MS[g]})")
+        return 0
+    if args.decompose:
+        print(f"{sum(1 for r in runs if on_rendered_line(r))} rows on the current engine lines. Calibration parameters: the "
+              "model's leave-one-model-out fold or the committed fit; AMD family step: fitted without the row's source "
+              "and model, or without its source only")
+        for label, f in decompose(runs, Bases.load(FITTED_PARAMS)):
+            print(_fmt(f"  {label:<34}", f))
         return 0
     if args.variants:
         print(f"{len(runs)} runs, {len({r.source for r in runs})} sources, {len({r.model for r in runs})} models; "
