@@ -326,7 +326,8 @@ def test_requests_in_step_wait_for_the_whole_rounds_prompts():
         for lo, hi in ((8, 16), (16, 32)):
             assert step[hi].ttft_ms - step[lo].ttft_ms == pytest.approx((hi - lo) * one, rel=0.15), engine
             assert step[hi].ttft_p50_ms - step[lo].ttft_p50_ms == pytest.approx((hi - lo) * one, rel=0.15), engine
-            # out of step the median stays at one prompt's prefill, whatever the concurrency
+            # out of step the median grows only by its wait for the prefills ahead of it on the rank
+            # (`perf.prefill_queue_ms`), far less than a whole round's prompts
             assert free[hi].ttft_p50_ms - free[lo].ttft_p50_ms < 0.1 * (hi - lo) * one, engine
         for c in (8, 16, 32):
             assert step[c].ttft_ms > free[c].ttft_ms, (engine, c)
@@ -334,3 +335,47 @@ def test_requests_in_step_wait_for_the_whole_rounds_prompts():
             assert step[c].tokens_per_s_per_gpu == pytest.approx(free[c].tokens_per_s_per_gpu)
             assert step[c].ttft_p50_ms > free[c].ttft_p50_ms + (c - 2) * one, (engine, c)
             assert any("in step" in n for n in step[c].notes)
+
+
+def test_the_prefill_queue_wait_is_the_md1_wait_of_a_closed_loop():
+    """`perf.prefill_queue_ms`: Pollaczek-Khinchine for deterministic service, wait = rho S / (2 (1 - rho)), with
+    the arrival rate of `others` requests that each come back once per cycle + wait. No other request, no wait;
+    the load stays below 1 however many run; the wait grows with them and with the prompt's prefill."""
+    assert perf.prefill_queue_ms(0.0, 300.0, 30_000.0) == 0.0
+    assert perf.prefill_queue_ms(5.0, 0.0, 30_000.0) == 0.0
+    for n, s_, c in ((3.0, 300.0, 30_000.0), (63.0, 300.0, 36_000.0), (63.0, 60.0, 20_000.0), (500.0, 300.0, 30_000.0)):
+        w = perf.prefill_queue_ms(n, s_, c)
+        rho = n * s_ / (c + w)
+        assert 0.0 < rho < 1.0
+        assert w == pytest.approx(rho * s_ / (2.0 * (1.0 - rho)), rel=1e-9)
+    waits = [perf.prefill_queue_ms(n, 300.0, 30_000.0) for n in (1, 8, 32, 64, 128)]
+    assert waits == sorted(waits) and waits[0] < 5.0 < waits[-1]
+    assert perf.prefill_queue_ms(63.0, 600.0, 30_000.0) > perf.prefill_queue_ms(63.0, 300.0, 30_000.0)
+
+
+def test_the_median_ttft_waits_for_the_prompts_ahead_where_long_prompts_keep_the_rank_busy():
+    """Issue 20: InferenceX's median TTFT at 8k-token prompts grows with concurrency (MI355X SGLang DeepSeek-R1
+    TP8 FP8: 292 ms measured at concurrency 4, 488 ms at 64), a request's own prefill does not. The median is
+    its own prefill plus `prefill_queue_ms`: at concurrency 64 with 8k prompts the wait is tens of ms, at 1k
+    prompts a few, and a lone request waits for nothing."""
+    from meshplan.planner.types import Layout, Workload
+
+    model, gpu = get_model("deepseek-r1"), get_gpu("mi355x")
+
+    def run(isl, c):
+        return predict(model, gpu, Layout(tp=8), Workload(isl=isl, osl=1024), weight_dtype="fp8", kv_dtype="fp8",
+                       engine="sglang", concurrency=c)
+
+    from meshplan.planner.calibration import TTFT_P50
+
+    for isl in (1024, 8192):        # alone: the fixed cost, the fitted steps and its own prefill, no wait
+        lone = run(isl, 1)
+        assert lone.ttft_p50_ms == pytest.approx(TTFT_P50["base_ms"] + TTFT_P50["iters"] * lone.tpot_ms
+                                                 + lone.prefill_ms, rel=1e-9)
+    long64, short64 = run(8192, 64), run(1024, 64)
+    b = long64.tokens_per_s_per_gpu * 8 * long64.tpot_ms / 1000.0      # running requests
+    wait = perf.prefill_queue_ms(b - 1.0, long64.prefill_ms, long64.ttft_p50_ms + 1024 * long64.tpot_ms)
+    assert 20.0 < wait < long64.prefill_ms
+    short_wait = perf.prefill_queue_ms(b - 1.0, short64.prefill_ms, short64.ttft_p50_ms + 1024 * short64.tpot_ms)
+    assert short_wait < 10.0 < wait
+    assert run(8192, 64).ttft_p50_ms - run(8192, 4).ttft_p50_ms > 30.0

@@ -90,13 +90,15 @@ FITTED_PARAMS = PerfParams(gemm_eff=0.6805, mem_eff=1, attn_eff=0.7036, moe_eff=
 # held out by source and by model.
 FAMILY_STEP_MS = {"cdna3": 17.5, "cdna4": 3.5}
 
-# Steady-state (median) TTFT = base_ms + iters x step + the request's own prefill (`perf._core`). Fitted by
+# Steady-state (median) TTFT = base_ms + iters x step + the request's own prefill + its wait for the prefills
+# ahead of it on its rank (`perf.prefill_queue_ms`, no constant; since 2026-12-03, when the fit went from 80 ms /
+# 0.5 steps to 90 ms / 0 steps and 41.2% -> 40.2% in-sample) (`perf._core`). Fitted by
 # `python benchmarks/evidence.py --fit-p50` on the median TTFT of the calibration set's aggregated InferenceX
 # runs (the 256 runs.csv rows with a calibration_id: InferenceX-app's fixture gives each run's median next to
 # the mean the calibration set holds; DeepSeek-R1 on B200, B300 and H200 with SGLang and TensorRT-LLM), with
-# FITTED_PARAMS; least median absolute error over a grid (base 0-150 ms, 0-7.5 steps). 41% in-sample, 18% on
-# the evidence base's held-out rows (docs/evidence.md): the calibration runs' medians scatter more.
-TTFT_P50 = {"base_ms": 80.0, "iters": 0.5}
+# FITTED_PARAMS; least median absolute error over a grid (base 0-150 ms, 0-7.5 steps). 40% in-sample, 17% on
+# InferenceX's held-out rows (docs/evidence.md): the calibration runs' medians scatter more.
+TTFT_P50 = {"base_ms": 90.0, "iters": 0.0}
 
 
 MAX_MEMORY_FRACTION = 0.96             # highest memory fraction we assume an operator set
