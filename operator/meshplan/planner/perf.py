@@ -688,8 +688,8 @@ def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: in
     Two TTFTs. `ttft_ms` is what a closed-loop benchmark's MEAN measures: the requests released together
     (the arrival wave) queue behind each other's prefill, and `ttft_iters` steps pass around it (fitted on
     the calibration set's mean TTFT). `ttft_p50_ms` is the steady state a request arriving into the running
-    batch sees, what the MEDIAN measures: a fixed per-request cost, `ttft_p50_iters` steps and its own
-    prefill; no wave (issue 20: InferenceX's runs of DeepSeek-R1 measure a median TTFT that stays at
+    batch sees, what the MEDIAN measures: a fixed per-request cost, `ttft_p50_iters` steps, its own prefill and
+    its wait for the prefills ahead of it on its rank (`prefill_queue_ms`); no wave (issue 20: InferenceX's runs of DeepSeek-R1 measure a median TTFT that stays at
     100-130 ms from concurrency 4 to 64 on MI355X at 1k/1k while the mean grows 150 -> 550 ms and p99 0.5 ->
     4 s: the mean is the burst's tail). Both queue the same way when the replica is over its batch or KV
     limit (B > running sequences). With requests in step (`in_step`, `Workload.synchronized`) every round
@@ -792,8 +792,8 @@ def prefill_queue_ms(others: float, service_ms: float, cycle_ms: float) -> float
     arrival rate rho / S = others / (cycle + wait) solved with the wait itself, so rho stays below 1:
     wait = ((n S - c) + sqrt((c - n S)^2 + 2 n S^2)) / 2. No constant. Issue 20: InferenceX's median TTFT at
     8k-token prompts grows with concurrency (MI355X SGLang DeepSeek-R1 TP8 FP8: 292 ms at concurrency 4, 488 ms at
-    64) where a request alone with its prefill stays flat (287 -> 305 ms); at 1k-token prompts the rank is
-    rarely busy and the wait is a few ms."""
+    64) where the model without this wait predicted 287 -> 305 ms; at 1k-token prompts the rank is rarely busy
+    and the wait is a few ms (docs/evidence.md)."""
     n, s_, c = max(0.0, others), max(0.0, service_ms), max(0.0, cycle_ms)
     if n <= 0.0 or s_ <= 0.0:
         return 0.0
