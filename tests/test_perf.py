@@ -358,6 +358,7 @@ def test_the_median_ttft_waits_for_the_prompts_ahead_where_long_prompts_keep_the
     TP8 FP8: 292 ms measured at concurrency 4, 488 ms at 64), a request's own prefill does not. The median is
     its own prefill plus `prefill_queue_ms`: at concurrency 64 with 8k prompts the wait is tens of ms, at 1k
     prompts a few, and a lone request waits for nothing."""
+    from meshplan.planner.calibration import TTFT_P50
     from meshplan.planner.types import Layout, Workload
 
     model, gpu = get_model("deepseek-r1"), get_gpu("mi355x")
@@ -366,16 +367,35 @@ def test_the_median_ttft_waits_for_the_prompts_ahead_where_long_prompts_keep_the
         return predict(model, gpu, Layout(tp=8), Workload(isl=isl, osl=1024), weight_dtype="fp8", kv_dtype="fp8",
                        engine="sglang", concurrency=c)
 
-    from meshplan.planner.calibration import TTFT_P50
+    def wait_of(p):
+        running = p.tokens_per_s_per_gpu * 8 * p.tpot_ms / 1000.0
+        return perf.prefill_queue_ms(running - 1.0, p.prefill_ms, p.ttft_p50_ms + 1024 * p.tpot_ms)
 
     for isl in (1024, 8192):        # alone: the fixed cost, the fitted steps and its own prefill, no wait
         lone = run(isl, 1)
         assert lone.ttft_p50_ms == pytest.approx(TTFT_P50["base_ms"] + TTFT_P50["iters"] * lone.tpot_ms
                                                  + lone.prefill_ms, rel=1e-9)
     long64, short64 = run(8192, 64), run(1024, 64)
-    b = long64.tokens_per_s_per_gpu * 8 * long64.tpot_ms / 1000.0      # running requests
-    wait = perf.prefill_queue_ms(b - 1.0, long64.prefill_ms, long64.ttft_p50_ms + 1024 * long64.tpot_ms)
+    wait = wait_of(long64)
     assert 20.0 < wait < long64.prefill_ms
-    short_wait = perf.prefill_queue_ms(b - 1.0, short64.prefill_ms, short64.ttft_p50_ms + 1024 * short64.tpot_ms)
-    assert short_wait < 10.0 < wait
-    assert run(8192, 64).ttft_p50_ms - run(8192, 4).ttft_p50_ms > 30.0
+    assert wait_of(short64) < 10.0 < wait
+    assert long64.ttft_p50_ms - run(8192, 4).ttft_p50_ms > 30.0
+
+
+def test_a_disaggregated_median_waits_for_the_prompts_ahead_at_its_prefill_rank():
+    """The same wait on a prefill worker (`perf.predict_disagg`): a lone request's median is its prefill and the
+    KV transfer alone; with 64 requests cycling through one TP8 prefill worker at 8k prompts it is later by the
+    `prefill_queue_ms` of the others."""
+    from meshplan.planner.types import Workload
+
+    model, gpu = get_model("deepseek-r1"), get_gpu("b200_sxm")
+
+    def run(c):
+        return perf.predict_disagg(model, gpu, ReplicaMapping(attn_tp=8, moe_tp=8), ReplicaMapping(attn_tp=8, moe_tp=8),
+                                   Workload(isl=8192, osl=1024), weight_dtype="fp8", kv_dtype="fp8", concurrency=c,
+                                   engine="sglang")
+
+    lone, busy = run(1), run(64)
+    wait = perf.prefill_queue_ms(63.0, lone.prefill_ms, busy.ttft_p50_ms + 1024 * busy.tpot_ms)
+    assert 20.0 < wait
+    assert busy.ttft_p50_ms - lone.ttft_p50_ms == pytest.approx(wait, rel=0.25)

@@ -91,8 +91,8 @@ FITTED_PARAMS = PerfParams(gemm_eff=0.6805, mem_eff=1, attn_eff=0.7036, moe_eff=
 FAMILY_STEP_MS = {"cdna3": 17.5, "cdna4": 3.5}
 
 # Steady-state (median) TTFT = base_ms + iters x step + the request's own prefill + its wait for the prefills
-# ahead of it on its rank (`perf.prefill_queue_ms`, no constant; since 2026-12-03, when the fit went from 80 ms /
-# 0.5 steps to 90 ms / 0 steps and 41.2% -> 40.2% in-sample) (`perf._core`). Fitted by
+# ahead of it on its rank (`perf._core`; the wait is `perf.prefill_queue_ms`, no constant, since 2026-12-03,
+# when this fit went from 80 ms / 0.5 steps to 90 ms / 0 steps and 41.2% -> 40.2% in-sample). Fitted by
 # `python benchmarks/evidence.py --fit-p50` on the median TTFT of the calibration set's aggregated InferenceX
 # runs (the 256 runs.csv rows with a calibration_id: InferenceX-app's fixture gives each run's median next to
 # the mean the calibration set holds; DeepSeek-R1 on B200, B300 and H200 with SGLang and TensorRT-LLM), with

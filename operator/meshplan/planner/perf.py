@@ -688,10 +688,10 @@ def _core(model, st: _Stage, m: ReplicaMapping, q: PerfParams, isl: int, osl: in
     Two TTFTs. `ttft_ms` is what a closed-loop benchmark's MEAN measures: the requests released together
     (the arrival wave) queue behind each other's prefill, and `ttft_iters` steps pass around it (fitted on
     the calibration set's mean TTFT). `ttft_p50_ms` is the steady state a request arriving into the running
-    batch sees, what the MEDIAN measures: a fixed per-request cost, `ttft_p50_iters` steps, its own prefill and
-    its wait for the prefills ahead of it on its rank (`prefill_queue_ms`); no wave (issue 20: InferenceX's runs of DeepSeek-R1 measure a median TTFT that stays at
-    100-130 ms from concurrency 4 to 64 on MI355X at 1k/1k while the mean grows 150 -> 550 ms and p99 0.5 ->
-    4 s: the mean is the burst's tail). Both queue the same way when the replica is over its batch or KV
+    batch sees, what the MEDIAN measures: a fixed per-request cost, `ttft_p50_iters` steps, its own prefill
+    and its wait for the prefills ahead of it on its rank (`prefill_queue_ms`); no wave (issue 20:
+    InferenceX's runs of DeepSeek-R1 measure a median TTFT that stays at 100-130 ms from concurrency 4 to 64
+    on MI355X at 1k/1k while the mean grows 150 -> 550 ms and p99 0.5 -> 4 s: the mean is the burst's tail). Both queue the same way when the replica is over its batch or KV
     limit (B > running sequences). With requests in step (`in_step`, `Workload.synchronized`) every round
     is an arrival wave, so the median request waits for its round's prompts as the mean does: the steady
     state there is the wave.
@@ -879,10 +879,14 @@ def predict_disagg(
         in_wave = max(0.0, concurrency / ranks / per_iter_reqs - 1.0)
         in_line = service_ms * (1.0 + wave * in_wave)
         ttft = q.ttft_base_ms + q.ttft_iters * tpot + in_line + xfer_ms
-        # steady state (`_core`): one request's prefill alone, no wave; in step, every round's wave
+        # steady state (`_core`): one request's prefill and its wait for those ahead, no wave; in step, every
+        # round's wave
         waited = (in_line if workload.synchronized else
                   pm.pp * iteration_ms(model, pst, pm, q, 0.0, 0.0, float(min(isl, dchunk)), isl / 2.0) * n_iter)
         ttft_p50 = q.ttft_p50_base_ms + q.ttft_p50_iters * tpot + waited + xfer_ms
+        if not workload.synchronized:
+            # every running request comes back to a prefill rank once per cycle, as in `_core`
+            ttft_p50 += prefill_queue_ms(concurrency / ranks - 1.0, waited, ttft_p50 + osl * tpot)
     else:
         ttft = concurrency / cap_per_s * 1e3 - osl * tpot
         ttft_p50 = ttft
