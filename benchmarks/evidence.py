@@ -9,7 +9,7 @@
     python benchmarks/evidence.py --decompose      # which held-out part the leave-one-model-out misses come from
     python benchmarks/evidence.py --find-overlap   # rewrite runs.csv's calibration_id from the calibration set
     python benchmarks/evidence.py --refit-lomo --iters 500 --jobs 2   # rewrite lomo_params.json (3 min)
-    python benchmarks/evidence.py --fit-family-step  # calibration.FAMILY_STEP_MS from the AMD rows
+    python benchmarks/evidence.py --fit-family-layer  # calibration.FAMILY_LAYER_US from the AMD rows
     python benchmarks/evidence.py --fit-p50          # calibration.TTFT_P50 from the calibration rows' median TTFT
 
 Data: benchmarks/evidence/runs.csv (one measured point a row) and sources.yaml (where each source's
@@ -28,8 +28,9 @@ does not price (ATOM) and speculative rows without a stated draft and acceptance
 Figures (median over rows that have the figure): TPOT, TTFT and tokens/s/GPU median absolute relative
 error, bias (median signed error), Spearman rank correlation. TTFT is the source's mean; where a source gives the
 median too (InferenceX-app's fixture, dstack's CSV: runs.csv `ttft_median_ms`), `Prediction.ttft_p50_ms` (the steady
-state) is compared with it in its own line ("TTFT p50"). On an AMD GPU family (calibration.FAMILY_STEP_MS) every row
-takes the family's per-step overhead fitted on the other sources' and models' rows (`Bases.held_out`). `tokens/s/GPU` for throughput-only rows
+state) is compared with it in its own line ("TTFT p50"). On an AMD GPU family (calibration.FAMILY_LAYER_US) every row
+takes the family's per-layer overhead fitted on the other sources' and models' rows of the current engine lines
+(`Bases.held_out`). `tokens/s/GPU` for throughput-only rows
 (trtllm-bench) is output tokens per second per GPU at the concurrency the row names. A source whose client sends
 fixed lengths (sources.yaml `random_range_ratio: 1`: dstack's) is priced with its requests in step
 (`workload_of`, `Workload.synchronized`). The ALL line is followed by the two folds apart (leave-one-source-out,
@@ -47,7 +48,7 @@ from pathlib import Path
 
 from meshplan.catalog.gpus import get_gpu
 from meshplan.catalog.models import get_model
-from meshplan.planner.calibration import FAMILY_STEP_MS, FITTED_PARAMS, TTFT_P50, measured_run_fit
+from meshplan.planner.calibration import FAMILY_LAYER_US, FITTED_PARAMS, TTFT_P50, measured_run_fit
 from meshplan.planner.perf import PerfParams, committed_params, predict, with_committed_ttft_p50
 from meshplan.planner.memory import ReplicaMapping
 from meshplan.planner.types import Speculative, Workload, acceptance_rate_for_length
@@ -170,9 +171,10 @@ LOMO_PARAMS = HERE / "lomo_params.json"
 
 class Bases:
     """The parameters each run is predicted with: its model's leave-one-model-out fold where the calibration set
-    has the model's architecture, else the committed ones; on a GPU family of `FAMILY_STEP_MS` (one the
-    calibration set never measured), plus that family's per-step overhead fitted on the evidence rows of the
-    family (`family_rows`) from OTHER sources and, with `hold_out` ("source", "model"), other models too."""
+    has the model's architecture, else the committed ones; on a GPU family of `FAMILY_LAYER_US` (one the
+    calibration set never measured), plus that family's per-layer overhead fitted on the evidence rows of the
+    family (`family_rows`, those of the current engine lines: `fit_family_layer`) from OTHER sources and, with
+    `hold_out` ("source", "model"), other models too."""
 
     def __init__(self, committed: PerfParams, folds: dict[str, PerfParams], family_rows=None,
                  hold_out: tuple[str, ...] = ("source", "model")):
@@ -184,21 +186,21 @@ class Bases:
         fam = CALIBRATION_FAMILY.get(run.model)
         return self.folds.get(fam, self.committed) if fam else self.committed
 
-    def family_step(self, run: "Measured") -> float:
-        """The held-out per-step overhead of the run's GPU family (0 where the family has none)."""
+    def family_layer(self, run: "Measured") -> float:
+        """The held-out per-layer overhead (us) of the run's GPU family (0 where the family has none)."""
         g = get_gpu(run.gpu).family
-        if self.family_rows is None or g not in FAMILY_STEP_MS:
+        if self.family_rows is None or g not in FAMILY_LAYER_US:
             return 0.0
         key = (g,) + tuple(getattr(run, k) for k in self.hold_out)
         if key not in self._family:
             train = [r for r in self.family_rows if all(getattr(r, k) != getattr(run, k) for k in self.hold_out)]
-            self._family[key] = fit_family_step(train, g, self.calibration_fold)
+            self._family[key] = fit_family_layer(train, g, self.calibration_fold)
         return self._family[key]
 
     def for_run(self, run: "Measured") -> PerfParams:
         # the steady-state TTFT's constants as committed: fitted on calibration rows, which are in no figure
         q = with_committed_ttft_p50(self.calibration_fold(run))
-        return with_family_step(q, get_gpu(run.gpu).family, self.family_step(run))
+        return with_family_layer(q, get_gpu(run.gpu).family, self.family_layer(run))
 
     def held_out(self, family_rows, hold_out: tuple[str, ...] = ("source", "model")) -> "Bases":
         """The same folds, with the family overheads fitted on `family_rows` holding out `hold_out`."""
@@ -212,24 +214,26 @@ class Bases:
         return cls(committed, {fam: PerfParams(**vals) for fam, vals in data["folds"].items()})
 
 
-# ---- the per-step overhead of a GPU family the calibration set never measured (calibration.FAMILY_STEP_MS) -----
-FAMILY_GRID = tuple(x * 0.5 for x in range(61))        # 0-30 ms
+# ---- the per-layer overhead of a GPU family the calibration set never measured (calibration.FAMILY_LAYER_US) ----
+FAMILY_GRID = tuple(range(0, 501, 10))        # 0-500 us per layer
 
 
-def with_family_step(q: PerfParams, family: str, ms: float) -> PerfParams:
-    if ms:
-        return q.with_values(family_step_ms=((family, ms),))
-    return q.with_values(family_step_ms=()) if q.family_step_ms else q
+def with_family_layer(q: PerfParams, family: str, us: float) -> PerfParams:
+    if us:
+        return q.with_values(family_layer_us=((family, us),))
+    return q.with_values(family_layer_us=()) if q.family_layer_us else q
 
 
-def fit_family_step(rows: list["Run"], family: str, base) -> float:
-    """The overhead (ms per step, `FAMILY_GRID`) that minimises `_score` on `rows` of `family` (0 without rows):
-    `base(run)` gives each row's parameters without it."""
-    rows = [r for r in rows if get_gpu(r.gpu).family == family]
+def fit_family_layer(rows: list["Run"], family: str, base) -> float:
+    """The overhead (us per layer and step, `FAMILY_GRID`) that minimises `_score` on the rows of `rows` of
+    `family` measured on the engine lines the planner renders for (`on_rendered_line`: an older build's floor
+    is not what the planner would be serving; those rows are still predicted and in every figure), 0 without
+    rows: `base(run)` gives each row's parameters without it."""
+    rows = [r for r in rows if get_gpu(r.gpu).family == family and on_rendered_line(r)]
     if not rows:
         return 0.0
-    return min(FAMILY_GRID, key=lambda ms: (_score([(r, predict_run(r, with_family_step(base(r), family, ms)))
-                                                    for r in rows]), ms))
+    return min(FAMILY_GRID, key=lambda us: (_score([(r, predict_run(r, with_family_layer(base(r), family, us)))
+                                                    for r in rows]), us))
 
 
 def workload_of(run: "Measured") -> Workload:
@@ -772,16 +776,16 @@ def decompose(runs: list[Run], folds: "Bases") -> list[tuple[str, dict]]:
     """Which held-out part the leave-one-model-out misses come from, on the engine lines the planner renders for:
     the figures with each of the two parts held out by model or by source only. The parts: the calibration
     parameters (the model's leave-one-model-out fold, `lomo_params.json`, or the committed fit, which saw the
-    model's architecture but not the row's source) and the AMD families' per-step overhead (fitted without the
+    model's architecture but not the row's source) and the AMD families' per-layer overhead (fitted without the
     row's source and model, or without its source only). The first line is the "current lines, both" figure,
     the last the "current lines, source" one."""
     current = [r for r in runs if on_rendered_line(r)]
     committed = Bases(folds.committed, {})
     out = []
-    for label, params, hold in (("fold / step w/o source+model", folds, ("source", "model")),
-                                ("committed / step w/o source+model", committed, ("source", "model")),
-                                ("fold / step w/o source", folds, ("source",)),
-                                ("committed / step w/o source", committed, ("source",))):
+    for label, params, hold in (("fold / family w/o source+model", folds, ("source", "model")),
+                                ("committed / family w/o source+model", committed, ("source", "model")),
+                                ("fold / family w/o source", folds, ("source",)),
+                                ("committed / family w/o source", committed, ("source",))):
         b = params.held_out(runs, hold)
         out.append((label, figures([(r, predict_run(r, b)) for r in current])))
     return out
@@ -802,10 +806,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="--refit-lomo: folds fitted in parallel")
     ap.add_argument("--fit-p50", action="store_true",
                     help="fit calibration.TTFT_P50 on the calibration rows' median TTFT; print it")
-    ap.add_argument("--fit-family-step", action="store_true",
-                    help="fit calibration.FAMILY_STEP_MS on every held-out row of each family; print it")
+    ap.add_argument("--fit-family-layer", action="store_true",
+                    help="fit calibration.FAMILY_LAYER_US on every held-out current-line row of each family; print it")
     ap.add_argument("--decompose", action="store_true",
-                    help="the current engine lines' figures with the calibration fold and the AMD family step each "
+                    help="the current engine lines' figures with the calibration fold and the AMD family overhead each "
                          "held out by model or by source only (which part the leave-one-model-out misses come from)")
     ap.add_argument("--find-overlap", action="store_true",
                     help="rewrite runs.csv's calibration_id column from the calibration set (--calibration)")
@@ -844,17 +848,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"TTFT_P50 = {{\"base_ms\": {got['base_ms']}, \"iters\": {got['iters']}}}: median |err| {got['mae']:.1%} on "
               f"{got['rows']} calibration rows' median TTFT (committed: {TTFT_P50})")
         return 0
-    if args.fit_family_step:
-        # the committed values: fitted on every held-out row of the family, on top of the parameters the planner
-        # predicts with (FITTED_PARAMS)
-        for g in sorted(FAMILY_STEP_MS):
-            ms = fit_family_step(runs, g, lambda r: FITTED_PARAMS)
-            n = sum(1 for r in runs if get_gpu(r.gpu).family == g)
-            print(f"{g}: {ms:.1f} ms per step on {n} rows (committed FAMILY_STEP_MS: {FAMILY_STEP_MS[g]})")
+    if args.fit_family_layer:
+        # the committed values: fitted on every held-out current-line row of the family, on top of the parameters
+        # the planner predicts with (FITTED_PARAMS)
+        for g in sorted(FAMILY_LAYER_US):
+            us = fit_family_layer(runs, g, lambda r: FITTED_PARAMS)
+            n = sum(1 for r in runs if get_gpu(r.gpu).family == g and on_rendered_line(r))
+            print(f"{g}: {us:.0f} us per layer on {n} rows (committed FAMILY_LAYER_US: {FAMILY_LAYER_US[g]})")
         return 0
     if args.decompose:
         print(f"{sum(1 for r in runs if on_rendered_line(r))} rows on the current engine lines. Calibration parameters: the "
-              "model's leave-one-model-out fold or the committed fit; AMD family step: fitted without the row's source "
+              "model's leave-one-model-out fold or the committed fit; AMD family per-layer overhead: fitted without the row's source "
               "and model, or without its source only")
         for label, f in decompose(runs, Bases.load(FITTED_PARAMS)):
             print(_fmt(f"  {label:<34}", f))
@@ -906,7 +910,7 @@ def main(argv: list[str] | None = None) -> int:
         cur = [(r, p) for r, p in pairs if on_rendered_line(r)]
         print(target_line("  on the current lines", figures(cur), figure_p50(cur)))
         by_source = base.held_out(runs, ("source",))
-        print(_fmt("  family step by source only", figures([(r, predict_run(r, by_source)) for r in runs])))
+        print(_fmt("  family term by source only", figures([(r, predict_run(r, by_source)) for r in runs])))
         print(_fmt("  source only (committed)", figures([(r, predict_run(r, committed_params())) for r in runs])))
     if fitted_on and not args.variant:
         print(_fmt("  calibration rows (in-sample)", figures([(r, predict_run(r, FITTED_PARAMS)) for r in fitted_on])))

@@ -262,23 +262,33 @@ def test_single_request_long_prompt_decodes_without_prompt_landing():
     assert tpot(100_000, 2) > long * 1.05
 
 
-def test_a_gpu_familys_step_overhead_adds_to_every_step_on_that_family_only():
-    """calibration.FAMILY_STEP_MS (CDNA3, CDNA4: families the calibration set never measured) is added to each
-    step of a GPU of the family, so a lone request's TPOT grows by exactly it; an NVIDIA GPU is priced as fitted."""
-    from meshplan.planner.calibration import FAMILY_STEP_MS
+def test_a_gpu_familys_layer_overhead_adds_to_every_layer_of_every_step_on_that_family_only():
+    """calibration.FAMILY_LAYER_US (CDNA3, CDNA4: families the calibration set never measured) is added to each
+    layer of each step on a GPU of the family, so a lone request's TPOT grows by exactly it times the model's
+    layers (a deeper model pays more; two pipeline stages split it); an NVIDIA GPU is priced as fitted."""
+    from meshplan.planner.calibration import FAMILY_LAYER_US
 
     mi300x = get_gpu("mi300x")
     assert mi300x.family == "cdna3"
     kw = dict(model=DS, gpu=mi300x, layout=Layout(tp=8), conc=1)
     committed = _p(**kw)
     bare = _p(**kw, params=FITTED_PARAMS)
-    assert committed.tpot_ms == pytest.approx(bare.tpot_ms + FAMILY_STEP_MS["cdna3"])
+    assert DS.num_layers == 61
+    assert committed.tpot_ms == pytest.approx(bare.tpot_ms + FAMILY_LAYER_US["cdna3"] * 61 / 1000.0)
     assert committed.ttft_ms > bare.ttft_ms
+    assert any("per-layer serving overhead" in n for n in committed.notes)
+    gpt = get_model("gpt-oss-120b")
+    one = dict(model=gpt, gpu=mi300x, layout=Layout(tp=1), conc=1)
+    assert _p(**one).tpot_ms - _p(**one, params=FITTED_PARAMS).tpot_ms == pytest.approx(
+        FAMILY_LAYER_US["cdna3"] * gpt.num_layers / 1000.0)
+    assert gpt.num_layers < DS.num_layers
     assert _p(model=DS, gpu=B200, layout=Layout(tp=8), conc=1).tpot_ms == pytest.approx(
         _p(model=DS, gpu=B200, layout=Layout(tp=8), conc=1, params=FITTED_PARAMS).tpot_ms)
     # an explicit family table on explicit parameters is honoured, and a family without an entry adds nothing
-    q = FITTED_PARAMS.with_values(family_step_ms=(("cdna4", 2.0),))
+    q = FITTED_PARAMS.with_values(family_layer_us=(("cdna4", 20.0),))
     assert _p(**kw, params=q).tpot_ms == pytest.approx(bare.tpot_ms)
+    q3 = FITTED_PARAMS.with_values(family_layer_us=(("cdna3", 100.0),))
+    assert _p(**kw, params=q3).tpot_ms == pytest.approx(bare.tpot_ms + 6.1)
 
 
 def test_the_steady_state_median_ttft_is_a_fixed_cost_a_few_steps_and_the_own_prefill_without_the_wave():

@@ -78,17 +78,21 @@ from meshplan.planner.types import Workload
 # Fitted by `python benchmarks/accuracy.py --fit` (see module docstring).
 FITTED_PARAMS = PerfParams(gemm_eff=0.6805, mem_eff=1, attn_eff=0.7036, moe_eff=0.6052, layer_us=70.24, iter_ms=0.03273, comm_eff=0.3837, comm_us=1.155, nic_us=24.3, ttft_iters=7.514, wave=0.05711, wave_prefill_first=0.3933, wave_budget_first=0.03658, interference=1, moe_gemm_eff=0.2443, a2a_peer_us=1.565)
 
-# Per-step serving overhead (ms, added to `iter_ms`) of the GPU families the calibration set has no measurement
-# of: AMD's CDNA3 (MI300X, MI325X) and CDNA4 (MI355X). The calibration set is NVIDIA silicon only, and on AMD
-# GPUs the evidence base's measured TPOT has a floor the NVIDIA-fitted step does not: MI300X SGLang 0.5.9
-# DeepSeek-R1 TP8 at concurrency 4 decodes at 24.6 ms a token where the step is priced at 7.8 ms, while from
-# concurrency 4 to 64 both grow by about the same 21-27 ms (the slope holds, the floor does not; the MI355X
-# builds of 2026 show a floor of ~3 ms). Fitted by `python benchmarks/evidence.py --fit-family-step` on the
-# evidence rows of each family (benchmarks/evidence/runs.csv: InferenceX SGLang 0.5.x, dstack SGLang 0.4 and
-# vLLM 0.7, vLLM 0.17 gpt-oss-120b and SGLang 0.5.13 MiniMax-M2.7 on MI300X; grid 0-30 ms in 0.5 ms, least sum of
-# the TPOT, TTFT and tokens/s/GPU median errors; CDNA3 18.5 ms before the MiniMax rows). docs/evidence.md reports it
-# held out by source and by model.
-FAMILY_STEP_MS = {"cdna3": 17.5, "cdna4": 3.5}
+# Per-layer serving overhead (us per transformer layer and step, added to `layer_us`) of the GPU families the
+# calibration set has no measurement of: AMD's CDNA3 (MI300X, MI325X) and CDNA4 (MI355X). The calibration set is
+# NVIDIA silicon only, and on AMD GPUs the evidence base's measured TPOT has a floor the NVIDIA-fitted step does
+# not: MI300X SGLang 0.5.9 DeepSeek-R1 TP8 at concurrency 4 decodes at 24.6 ms a token where the step is priced at
+# 7.8 ms, while from concurrency 4 to 64 both grow by about the same 21-27 ms (the slope holds, the floor does
+# not). Priced per layer, not per step (a per-step constant until 2026-12-03): the floor grows with the model's
+# depth (kernel launches and latency-bound kernels of each layer), so one value carries across models of 36
+# (gpt-oss-120b), 61 (DeepSeek-R1) and 62 (MiniMax-M2) layers, which one per-step value did not (docs/evidence.md,
+# "The AMD families' overhead, per layer"). Fitted by `python benchmarks/evidence.py --fit-family-layer` on the
+# evidence rows of each family measured on the engine lines the planner renders for (benchmarks/evidence/runs.csv:
+# InferenceX SGLang 0.5.x DeepSeek-R1, vLLM 0.17 gpt-oss-120b and SGLang 0.5.13 MiniMax-M2.7 on MI300X / MI325X;
+# InferenceX SGLang 0.5.x DeepSeek-R1, vLLM 0.19 gpt-oss-120b and vLLM 0.19 MiniMax-M2.5 on MI355X); grid 0-500 us
+# in 10 us, least sum of the TPOT, TTFT and tokens/s/GPU median errors. docs/evidence.md reports it held out by
+# source and by model.
+FAMILY_LAYER_US = {"cdna3": 290, "cdna4": 60}
 
 # Steady-state (median) TTFT = base_ms + iters x step + the request's own prefill + its wait for the prefills
 # ahead of it on its rank (`perf._core`; the wait is `perf.prefill_queue_ms`, no constant, since 2026-12-03,

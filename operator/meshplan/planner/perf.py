@@ -109,9 +109,9 @@ class PerfParams:
                                    # first streamed chunk) ...
     ttft_p50_iters: float = 0.0    # ... plus these engine steps, plus the request's own prefill (`_core`); the
                                    # committed values are calibration.TTFT_P50 (fitted on measured medians)
-    family_step_ms: tuple = ()   # ((GPU family, ms), ...): a per-step serving overhead added to iter_ms on GPUs
+    family_layer_us: tuple = ()  # ((GPU family, us), ...): a per-layer serving overhead added to layer_us on GPUs
                                  # of a family the calibration set has no measurement of (`for_gpu`); the
-                                 # committed values are calibration.FAMILY_STEP_MS
+                                 # committed values are calibration.FAMILY_LAYER_US
 
     def with_values(self, **kw) -> "PerfParams":
         return PerfParams(**{**self.__dict__, **kw})
@@ -544,9 +544,9 @@ def with_committed_ttft_p50(q: PerfParams) -> PerfParams:
 @lru_cache(maxsize=1)
 def committed_params() -> PerfParams:
     """What the planner predicts with: the calibration fit (`FITTED_PARAMS`), the steady-state TTFT's constants
-    (`TTFT_P50`) and the per-family step overheads fitted on the evidence base (`FAMILY_STEP_MS`)."""
-    from meshplan.planner.calibration import FAMILY_STEP_MS, FITTED_PARAMS
-    return with_committed_ttft_p50(FITTED_PARAMS).with_values(family_step_ms=tuple(sorted(FAMILY_STEP_MS.items())))
+    (`TTFT_P50`) and the per-family per-layer overheads fitted on the evidence base (`FAMILY_LAYER_US`)."""
+    from meshplan.planner.calibration import FAMILY_LAYER_US, FITTED_PARAMS
+    return with_committed_ttft_p50(FITTED_PARAMS).with_values(family_layer_us=tuple(sorted(FAMILY_LAYER_US.items())))
 
 
 def _params(params) -> PerfParams:
@@ -558,12 +558,13 @@ def _params(params) -> PerfParams:
 
 
 def for_gpu(q: PerfParams, gpu: GpuSpec) -> PerfParams:
-    """`q` with its GPU family's per-step overhead (`family_step_ms`) added to `iter_ms`: the serving stack's
-    fixed cost per step on a family the calibration set never measured (calibration.FAMILY_STEP_MS says how
-    it was fitted). Families without one (every NVIDIA family: their per-step cost is in the calibration fit)
-    are priced as fitted."""
-    extra = dict(q.family_step_ms).get(gpu.family, 0.0)
-    return q.with_values(iter_ms=q.iter_ms + extra, family_step_ms=()) if extra else q
+    """`q` with its GPU family's per-layer overhead (`family_layer_us`) added to `layer_us`: the serving stack's
+    fixed cost per transformer layer and step on a family the calibration set never measured (kernel launches
+    and latency-bound kernels; calibration.FAMILY_LAYER_US says how it was fitted). It grows with the model's
+    depth and the pipeline stage's share of it, which a per-step constant does not. Families without one
+    (every NVIDIA family: their per-layer cost is in the calibration fit) are priced as fitted."""
+    extra = dict(q.family_layer_us).get(gpu.family, 0.0)
+    return q.with_values(layer_us=q.layer_us + extra, family_layer_us=()) if extra else q
 
 
 def predict(
@@ -616,9 +617,10 @@ def predict(
     st = _stage(model, gpu, m, weight_dtype, kv_dtype, a2a_backend, bool(batch_overlap))
     dp = layout.dp if isinstance(layout, Layout) else 1
     notes: list[str] = []
-    if q.iter_ms != q0.iter_ms:
-        notes.append(f"{gpu.family} per-step serving overhead {q.iter_ms - q0.iter_ms:.1f} ms (a GPU family the "
-                     "calibration set never measured; fitted on the evidence base: calibration.FAMILY_STEP_MS)")
+    if q.layer_us != q0.layer_us:
+        notes.append(f"{gpu.family} per-layer serving overhead {q.layer_us - q0.layer_us:.0f} us x {model.num_layers} "
+                     "layers a step (a GPU family the calibration set never measured; fitted on the evidence base: "
+                     "calibration.FAMILY_LAYER_US)")
 
     if workload.synchronized:
         notes.append("requests in step (fixed lengths, closed loop): every round arrives at once, each request "
