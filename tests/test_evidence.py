@@ -17,7 +17,6 @@ import pytest
 
 from benchmarks import evidence as ev
 from meshplan.planner.calibration import FITTED_PARAMS
-from meshplan.planner.perf import with_committed_ttft_p50
 
 # measured on 2026-12-02 (`python benchmarks/evidence.py`, its ALL line: every row with its model's
 # leave-one-model-out fold); a regression of more than MARGIN (absolute, in error units) fails
@@ -406,37 +405,22 @@ def test_the_family_overhead_improves_every_figure_on_the_amd_rows_held_out_by_s
         assert with_it[k]["mae"] < without[k]["mae"], (k, with_it[k], without[k])
 
 
-def test_per_layer_beats_the_per_step_overhead_on_both_folds(runs):
+def test_per_layer_beats_the_per_step_overhead_on_both_folds(runs, monkeypatch):
     """Why the AMD overhead is priced per layer (docs/evidence.md, "The AMD families' overhead, per layer"): the
     per-step constant it replaced (0-30 ms in 0.5 ms, fitted the same way on the same rows) is worse on TPOT
     held out by source and model and held out by source only, worse on tokens/s/GPU held out by both (measured
     2026-12-03: 20.6% / 43.2% / 29.7% against 24.9% / 43.2% / 35.6%; by source 12.3% / 42.5% / 14.8% against
     13.7% / 42.7% / 14.8%), and no better anywhere on the mean TTFT."""
-    class StepBases(ev.Bases):
-        def for_run(self, run):
-            q = with_committed_ttft_p50(self.calibration_fold(run))
-            g = ev.get_gpu(run.gpu).family
-            if self.family_rows is None or g not in ("cdna3", "cdna4"):
-                return q
-            key = (g,) + tuple(getattr(run, k) for k in self.hold_out)
-            if key not in self._family:
-                train = [r for r in self.family_rows if get_family(r) == g and ev.on_rendered_line(r)
-                         and all(getattr(r, k) != getattr(run, k) for k in self.hold_out)]
-                self._family[key] = min(STEPS, key=lambda ms: (ev._score(
-                    [(r, ev.predict_run(r, step(self.calibration_fold(r), ms))) for r in train]), ms)) if train else 0.0
-            return step(q, self._family[key])
+    # the same held-out fit (`Bases.family_layer`, `fit_family_layer`), with the per-step form and its grid swapped in
+    def with_step(q, family, ms):
+        return q.with_values(iter_ms=q.iter_ms + ms) if ms else q
 
-    def get_family(r):
-        return ev.get_gpu(r.gpu).family
-
-    def step(q, ms):
-        return q.with_values(iter_ms=q.iter_ms + ms)
-
-    STEPS = tuple(x * 0.5 for x in range(61))
-    for hold in (("source", "model"), ("source",)):
-        layer = ev.Bases.load(FITTED_PARAMS).held_out(runs, hold)
-        per_step = StepBases(layer.committed, layer.folds, list(runs), hold)
-        fl = ev.figures([(r, ev.predict_run(r, layer)) for r in runs])
+    layers = {hold: ev.Bases.load(FITTED_PARAMS).held_out(runs, hold) for hold in (("source", "model"), ("source",))}
+    figures_layer = {hold: ev.figures([(r, ev.predict_run(r, b)) for r in runs]) for hold, b in layers.items()}
+    monkeypatch.setattr(ev, "with_family_layer", with_step)
+    monkeypatch.setattr(ev, "FAMILY_GRID", tuple(x * 0.5 for x in range(61)))
+    for hold, fl in figures_layer.items():
+        per_step = ev.Bases.load(FITTED_PARAMS).held_out(runs, hold)
         fs = ev.figures([(r, ev.predict_run(r, per_step)) for r in runs])
         assert fl["tpot_ms"]["mae"] < fs["tpot_ms"]["mae"] - 0.01, (hold, fl["tpot_ms"], fs["tpot_ms"])
         if hold == ("source", "model"):
